@@ -1,0 +1,404 @@
+//! AdmissionReview `admission.k8s.io/v1` in and out, and the one JSONPatch builder.
+//!
+//! The request types read only what the two webhooks decide on; serde skips the rest of the
+//! object (managedFields, pod specs) without allocating, which keeps decoding cheap for the
+//! 2 KB–20 KB bodies the API server sends.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub const KIND: &str = "AdmissionReview";
+
+/// Why a body is not an AdmissionReview we can answer. Each is answered with HTTP 400.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("request body is not a valid AdmissionReview JSON document: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("AdmissionReview has no \"request\" field: nothing to decide")]
+    MissingRequest,
+    #[error(
+        "AdmissionReview apiVersion {0:?} is not supported: register the webhook with admissionReviewVersions: [v1]"
+    )]
+    ApiVersion(String),
+    #[error("body kind {0:?} is not an AdmissionReview")]
+    Kind(String),
+    #[error("AdmissionReview request has an empty uid: the API server always sends one")]
+    MissingUid,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewEnvelope {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    request: Option<AdmissionRequest>,
+}
+
+/// Decode a body into its request, checking the envelope the way the API server writes it.
+pub fn decode_review(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
+    let env: ReviewEnvelope = serde_json::from_slice(body)?;
+    match env.api_version.as_deref() {
+        Some(API_VERSION) => {}
+        other => return Err(ReviewError::ApiVersion(other.unwrap_or("").to_string())),
+    }
+    match env.kind.as_deref() {
+        Some(KIND) => {}
+        other => return Err(ReviewError::Kind(other.unwrap_or("").to_string())),
+    }
+    let request = env.request.ok_or(ReviewError::MissingRequest)?;
+    if request.uid.is_empty() {
+        return Err(ReviewError::MissingUid);
+    }
+    Ok(request)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct GroupVersionResource {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub resource: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct GroupVersionKind {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct UserInfo {
+    #[serde(default)]
+    pub username: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+/// The parts of an object (a Deployment, a Scale, anything being deleted) the webhooks read.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectView {
+    #[serde(default)]
+    pub api_version: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub metadata: ObjectMetaView,
+    #[serde(default)]
+    pub spec: Option<SpecView>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMetaView {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+impl ObjectMetaView {
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.as_ref()?.get(key).map(String::as_str)
+    }
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.as_ref()?.get(key).map(String::as_str)
+    }
+}
+
+/// `spec.replicas` is all either webhook reads of a spec; it is the same field on a Deployment
+/// and on an `autoscaling/v1` Scale.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SpecView {
+    #[serde(default)]
+    pub replicas: Option<i32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest {
+    pub uid: String,
+    #[serde(default)]
+    pub kind: GroupVersionKind,
+    #[serde(default)]
+    pub resource: GroupVersionResource,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    /// Absent (not empty) for the per-item calls of a delete-collection; empty for a
+    /// collection-level call. Both mean "no single named object".
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: Operation,
+    #[serde(default)]
+    pub user_info: UserInfo,
+    #[serde(default)]
+    pub object: Option<ObjectView>,
+    #[serde(default)]
+    pub old_object: Option<ObjectView>,
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+}
+
+impl AdmissionRequest {
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run.unwrap_or(false)
+    }
+
+    /// The name of the object acted on: the request's `name`, or for a delete-collection item
+    /// the name in `oldObject`.
+    pub fn object_name(&self) -> Option<&str> {
+        match self.name.as_deref() {
+            Some(n) if !n.is_empty() => Some(n),
+            _ => self
+                .old_object
+                .as_ref()
+                .or(self.object.as_ref())
+                .and_then(|o| o.metadata.name.as_deref())
+                .filter(|n| !n.is_empty()),
+        }
+    }
+
+    /// `resource` or `resource/subresource`, as kubectl and audit logs write it.
+    pub fn resource_path(&self) -> String {
+        let r = &self.resource;
+        let base = if r.group.is_empty() {
+            r.resource.clone()
+        } else {
+            format!("{}.{}", r.resource, r.group)
+        };
+        match self.sub_resource.as_deref() {
+            Some(s) if !s.is_empty() => format!("{base}/{s}"),
+            _ => base,
+        }
+    }
+}
+
+/// One JSONPatch (RFC 6902) operation. The only patch builder in handoff.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum PatchOp {
+    Add {
+        path: String,
+        value: serde_json::Value,
+    },
+    Replace {
+        path: String,
+        value: serde_json::Value,
+    },
+    Remove {
+        path: String,
+    },
+}
+
+/// Escape one reference token of a JSON Pointer (RFC 6901): `~` → `~0`, `/` → `~1`.
+pub fn escape_pointer_token(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
+}
+
+/// Build a JSON Pointer from raw tokens, escaping each.
+pub fn pointer(tokens: &[&str]) -> String {
+    let mut out = String::new();
+    for t in tokens {
+        out.push('/');
+        out.push_str(&escape_pointer_token(t));
+    }
+    out
+}
+
+/// The verdict on the wire. `status` is set for denials, `patch` for mutations.
+#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionResponse {
+    pub uid: String,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub audit_annotations: BTreeMap<String, String>,
+}
+
+/// The `metav1.Status` of a denial: kubectl prints `message` after
+/// `admission webhook "…" denied the request: `.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Status {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl AdmissionResponse {
+    pub fn allow(uid: &str) -> Self {
+        AdmissionResponse {
+            uid: uid.to_string(),
+            allowed: true,
+            ..Default::default()
+        }
+    }
+
+    pub fn deny(uid: &str, code: u16, reason: &'static str, message: String) -> Self {
+        AdmissionResponse {
+            uid: uid.to_string(),
+            allowed: false,
+            status: Some(Status {
+                code,
+                reason,
+                message,
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Attach a JSONPatch, base64-encoded as the API contract requires. An empty patch is
+    /// not sent at all.
+    pub fn with_patch(mut self, ops: &[PatchOp]) -> Self {
+        if !ops.is_empty() {
+            let json = serde_json::to_vec(ops).expect("a JSONPatch always serializes");
+            self.patch = Some(base64::engine::general_purpose::STANDARD.encode(json));
+            self.patch_type = Some("JSONPatch");
+        }
+        self
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseEnvelope<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: &'a AdmissionResponse,
+}
+
+/// Encode a response AdmissionReview.
+pub fn encode_review(response: &AdmissionResponse) -> Vec<u8> {
+    serde_json::to_vec(&ResponseEnvelope {
+        api_version: API_VERSION,
+        kind: KIND,
+        response,
+    })
+    .expect("an AdmissionResponse always serializes")
+}
+
+/// Decode a response patch back into JSON (for `review` output checks and tests).
+pub fn decode_patch(patch_b64: &str) -> Result<serde_json::Value, String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(patch_b64)
+        .map_err(|e| format!("patch is not base64: {e}"))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("patch is not JSON: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointer_escapes_slash_and_tilde() {
+        assert_eq!(
+            pointer(&["metadata", "annotations", "handoff.dev/replicas-before-move"]),
+            "/metadata/annotations/handoff.dev~1replicas-before-move"
+        );
+        assert_eq!(escape_pointer_token("a~b/c"), "a~0b~1c");
+    }
+
+    #[test]
+    fn decode_rejects_wrong_envelopes() {
+        let cases: &[(&str, &str)] = &[
+            ("{", "not a valid AdmissionReview JSON"),
+            (
+                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
+                "no \"request\"",
+            ),
+            (
+                r#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"u","operation":"DELETE"}}"#,
+                "admission.k8s.io/v1beta1",
+            ),
+            (
+                r#"{"apiVersion":"admission.k8s.io/v1","kind":"Pod","request":{"uid":"u","operation":"DELETE"}}"#,
+                "\"Pod\" is not an AdmissionReview",
+            ),
+            (
+                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"","operation":"DELETE"}}"#,
+                "empty uid",
+            ),
+            (
+                r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"EXPLODE"}}"#,
+                "EXPLODE",
+            ),
+        ];
+        for (body, want) in cases {
+            let err = decode_review(body.as_bytes()).unwrap_err().to_string();
+            assert!(err.contains(want), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn patch_is_base64_jsonpatch() {
+        let r = AdmissionResponse::allow("u").with_patch(&[PatchOp::Replace {
+            path: "/spec/replicas".into(),
+            value: 0.into(),
+        }]);
+        assert_eq!(r.patch_type, Some("JSONPatch"));
+        let p = decode_patch(r.patch.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            p,
+            serde_json::json!([{"op":"replace","path":"/spec/replicas","value":0}])
+        );
+        let empty = AdmissionResponse::allow("u").with_patch(&[]);
+        assert!(empty.patch.is_none() && empty.patch_type.is_none());
+    }
+
+    #[test]
+    fn encode_echoes_uid_and_envelope() {
+        let out = encode_review(&AdmissionResponse::deny("abc", 403, "Forbidden", "no".into()));
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["apiVersion"], API_VERSION);
+        assert_eq!(v["kind"], KIND);
+        assert_eq!(v["response"]["uid"], "abc");
+        assert_eq!(v["response"]["allowed"], false);
+        assert_eq!(v["response"]["status"]["code"], 403);
+        assert_eq!(v["response"]["status"]["message"], "no");
+    }
+}

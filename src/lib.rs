@@ -1,0 +1,10 @@
+//! handoff: Kubernetes admission webhooks that keep workloads whole while they move between
+//! clusters. See DESIGN.md for the contract; the binary's entry point is `src/main.rs`.
+
+pub mod admission;
+pub mod certs;
+pub mod config;
+pub mod policy;
+pub mod server;
+pub mod state;
+pub mod webhook;

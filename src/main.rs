@@ -1,0 +1,367 @@
+//! `handoff`: serve the webhooks, decide one review offline, make certificates.
+
+use std::io::Read as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use handoff::config::ConfigFile;
+use handoff::server::metrics::Metrics;
+use handoff::server::tls::{CertSource, CertStore};
+use handoff::server::{self, App, Limits};
+use handoff::state::State;
+use handoff::webhook::{self, Webhook};
+use handoff::{admission, certs};
+
+#[derive(Parser)]
+#[command(name = "handoff", version, about = "Admission webhooks that keep workloads whole while they move between clusters")]
+struct Cli {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the webhooks over HTTPS.
+    Serve(ServeArgs),
+    /// Decide one AdmissionReview (a file, or stdin) and print the response AdmissionReview.
+    Review(ReviewArgs),
+    /// Write a CA and a serving certificate, and print the caBundle.
+    Certs(CertsArgs),
+}
+
+/// Where decisions read their state from.
+#[derive(Args, Clone)]
+struct StateArgs {
+    /// Read Namespaces (and MoveWindows, Deployments) from YAML files in DIR instead of a cluster.
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+    /// kubeconfig for the cluster (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, value_name = "FILE", conflicts_with = "state")]
+    kubeconfig: Option<PathBuf>,
+    /// kubeconfig context.
+    #[arg(long, conflicts_with = "state")]
+    context: Option<String>,
+    /// Config file: explicit sync-target identities, annotation domains, key schemes.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// How long a cache-miss lookup may wait for the API server before the guard denies.
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = duration)]
+    api_timeout: Duration,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address of the HTTPS listener.
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    listen: SocketAddr,
+    /// PEM serving certificate (chain). Without it, a self-signed one is generated for localhost.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of the serving certificate.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this PEM CA (the API server's webhook client).
+    #[arg(long, value_name = "FILE")]
+    client_ca: Option<PathBuf>,
+    /// How often the certificate files are checked for changes.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration)]
+    cert_reload_interval: Duration,
+    /// Also serve /healthz, /readyz and /metrics over plain HTTP here.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Largest AdmissionReview body accepted, in bytes (413 past it).
+    #[arg(long, value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
+    body_limit: usize,
+    /// Deadline when the API server sends no ?timeout=.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    default_timeout: Duration,
+    /// Requests decided at once; more wait.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_concurrency: u32,
+    /// How long a request waits for a slot before it is shed with 503.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration)]
+    queue_timeout: Duration,
+    /// On SIGTERM, how long readiness fails before the listener closes (endpoint removal).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    drain_delay: Duration,
+    /// On SIGTERM, how long in-flight requests may take to finish.
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = duration)]
+    drain_timeout: Duration,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+#[derive(Args)]
+struct ReviewArgs {
+    /// AdmissionReview JSON file; stdin when absent or "-".
+    file: Option<PathBuf>,
+    /// Send it to this webhook instead of the one the registrations would pick.
+    #[arg(long, value_enum)]
+    webhook: Option<Webhook>,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+#[derive(Args)]
+struct CertsArgs {
+    /// Folder to write ca.crt, ca.key, tls.crt, tls.key into.
+    #[arg(long, default_value = "certs")]
+    out: PathBuf,
+    /// DNS names of the serving certificate (repeatable).
+    #[arg(long = "dns", value_name = "NAME", default_values_t = ["handoff.handoff-system.svc".to_string(), "handoff.handoff-system.svc.cluster.local".to_string(), "localhost".to_string()])]
+    dns: Vec<String>,
+    /// IP addresses of the serving certificate (repeatable).
+    #[arg(long = "ip", value_name = "IP", default_values_t = [IpAddr::from([127, 0, 0, 1])])]
+    ip: Vec<IpAddr>,
+    /// Validity in days.
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=3650))]
+    days: u32,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    server::parse_go_duration(s).ok_or_else(|| format!("{s:?} is not a duration such as 500ms, 3s or 1m"))
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(a) => serve(a).await,
+            Command::Review(a) => review(a).await,
+            Command::Certs(a) => certs_cmd(a),
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn kube_client(args: &StateArgs) -> anyhow::Result<kube::Client> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            let opts = kube::config::KubeConfigOptions {
+                context: args.context.clone(),
+                ..Default::default()
+            };
+            kube::Config::from_custom_kubeconfig(kc, &opts)
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None if args.context.is_some() => {
+            let opts = kube::config::KubeConfigOptions {
+                context: args.context.clone(),
+                ..Default::default()
+            };
+            kube::Config::from_kubeconfig(&opts).await.context("--context")?
+        }
+        None => kube::Config::infer().await.context(
+            "no cluster to read state from (not in a cluster, no kubeconfig); pass --kubeconfig, or --state DIR to run without one",
+        )?,
+    };
+    kube::Client::try_from(config).context("cannot build a Kubernetes client")
+}
+
+/// Build the state and, for a cluster, the client whose watches must be started.
+async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Client>)> {
+    let cfg = match &args.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let ids = cfg.identities().map_err(|e| anyhow::anyhow!("config: {e}"))?;
+    if let Some(dir) = &args.state {
+        let mut state = State::from_dir(dir, ids).with_context(|| format!("--state {}", dir.display()))?;
+        state.api_timeout = args.api_timeout;
+        return Ok((state, None));
+    }
+    let client = kube_client(args).await?;
+    let mut state = State::new(ids);
+    state.api_timeout = args.api_timeout;
+    state.namespace_api = Some(kube::Api::all(client.clone()));
+    Ok((state, Some(client)))
+}
+
+async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    // Any start-up error below stops the process before the port opens.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let source = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => CertSource::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        _ => {
+            let generated = certs::generate(
+                &["localhost".to_string()],
+                &[IpAddr::from([127, 0, 0, 1]), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)],
+                30,
+            )
+            .context("cannot generate a serving certificate")?;
+            tracing::warn!(
+                "no --tls-cert given: serving a generated certificate for localhost, 127.0.0.1 and ::1 (curl -k, or trust the CA below)"
+            );
+            tracing::info!(ca_bundle = %generated.ca_bundle(), "generated CA");
+            CertSource::Generated {
+                cert_pem: generated.cert_pem,
+                key_pem: generated.key_pem,
+            }
+        }
+    };
+    let store = Arc::new(CertStore::load(source)?);
+    let tls = server::tls::server_config(store.clone(), a.client_ca.as_deref())?;
+    let (state, client) = build_state(&a.state).await?;
+    let state = Arc::new(state);
+    let metrics = Arc::new(Metrics::new());
+    let limits = Limits {
+        body_limit: a.body_limit,
+        default_timeout: a.default_timeout,
+        max_concurrency: a.max_concurrency as usize,
+        queue_timeout: a.queue_timeout,
+    };
+    let app = App::new(state.clone(), metrics.clone(), limits);
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .with_context(|| format!("--listen {}", a.listen))?;
+    let plain = match a.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-listen {addr}"))?,
+        ),
+        None => None,
+    };
+    if let Some(client) = client {
+        tokio::spawn(handoff::state::cluster::watch_namespaces(client, state.clone()));
+    }
+    tokio::spawn(store.clone().watch(a.cert_reload_interval, metrics.clone()));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(l) = plain {
+        let mut rx = stop_rx.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let stop = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = server::run_plain(l, app, stop).await {
+                tracing::error!(error = %e, "metrics listener failed");
+            }
+        });
+    }
+    tracing::info!(
+        listen = %a.listen,
+        metrics_listen = ?a.metrics_listen,
+        state = ?a.state.state,
+        namespaces = state.namespaces.len(),
+        "handoff serving"
+    );
+    let health = app.health.clone();
+    let drain_delay = a.drain_delay;
+    let shutdown = async move {
+        wait_for_signal().await;
+        // Fail readiness first, so the endpoint is removed while we still answer.
+        health.draining.store(true, std::sync::atomic::Ordering::Release);
+        tracing::info!(?drain_delay, "SIGTERM: readiness now fails; closing the listener after the drain delay");
+        tokio::time::sleep(drain_delay).await;
+        let _ = stop_tx.send(true);
+    };
+    server::run(listener, Arc::new(tls), app, shutdown, a.drain_timeout).await;
+    tracing::info!("handoff stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops handoff");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn review(a: ReviewArgs) -> anyhow::Result<()> {
+    let mut body = Vec::new();
+    match a.file.as_deref() {
+        None => std::io::stdin().read_to_end(&mut body).context("reading stdin")?,
+        Some(p) if p.as_os_str() == "-" => std::io::stdin().read_to_end(&mut body).context("reading stdin")?,
+        Some(p) => {
+            body = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            body.len()
+        }
+    };
+    let req = admission::decode_review(&body)?;
+    let (state, client) = build_state(&a.state).await?;
+    drop(client);
+    let Some(hook) = a.webhook.or_else(|| Webhook::for_request(&req)) else {
+        bail!(
+            "no handoff webhook is registered for {} of {}; pass --webhook to force one",
+            req.operation.as_str(),
+            req.resource_path()
+        );
+    };
+    let decision = webhook::decide(&state, hook, &req).await;
+    let out = admission::encode_review(&decision.response);
+    let v: serde_json::Value = serde_json::from_slice(&out)?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
+fn certs_cmd(a: CertsArgs) -> anyhow::Result<()> {
+    let generated = certs::generate(&a.dns, &a.ip, a.days).context("generating certificates")?;
+    certs::write_dir(&a.out, &generated).with_context(|| format!("--out {}", a.out.display()))?;
+    eprintln!(
+        "wrote {0}/ca.crt, {0}/ca.key, {0}/tls.crt, {0}/tls.key for DNS {1:?} and IPs {2:?}, valid {3} days",
+        a.out.display(),
+        a.dns,
+        a.ip,
+        a.days
+    );
+    eprintln!("caBundle for the webhook configurations:");
+    println!("{}", generated.ca_bundle());
+    Ok(())
+}

@@ -1,0 +1,500 @@
+//! Who is asking: username → sync target. The kcp hashes live here and nowhere else.
+//!
+//! kcp derives two identifiers from SHA-224 digests:
+//! - the `syncTargetKey`, base62 (Go's `big.Int.Text(62)`) of SHA-224 of `"<cluster>:<name>"`
+//!   (kcp v0.7–v0.10 hashed `"<cluster><name>"`), which names soft-finalizer annotations;
+//! - the syncer's id, the first 8 characters of base36 of SHA-224 of the SyncTarget's UID, which
+//!   names the syncer's ServiceAccount `kcp-syncer-<name>-<id>`.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha224};
+
+/// `finalizers.workload.<domain>/<SyncTargetKey>` names a soft finalizer for that sync target.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SyncTargetKey(pub String);
+
+impl fmt::Display for SyncTargetKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How the key's hash input is formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyScheme {
+    /// `"<cluster>:<name>"`, kcp since v0.11.
+    Current,
+    /// `"<cluster><name>"`, kcp v0.7–v0.10.
+    Legacy,
+}
+
+const BASE62: &[u8; 62] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+
+/// Big-endian unsigned integer to digits in `alphabet`, no padding: Go's `big.Int.Text(base)`.
+fn big_endian_to_base(bytes: &[u8], alphabet: &[u8]) -> String {
+    let base = alphabet.len() as u32;
+    let mut num: Vec<u8> = bytes.iter().copied().skip_while(|b| *b == 0).collect();
+    let mut digits = Vec::new();
+    while !num.is_empty() {
+        let mut rem: u32 = 0;
+        let mut quotient = Vec::with_capacity(num.len());
+        for &b in &num {
+            let acc = (rem << 8) | b as u32;
+            let q = acc / base;
+            rem = acc % base;
+            if !(quotient.is_empty() && q == 0) {
+                quotient.push(q as u8);
+            }
+        }
+        digits.push(alphabet[rem as usize]);
+        num = quotient;
+    }
+    if digits.is_empty() {
+        digits.push(alphabet[0]);
+    }
+    digits.reverse();
+    String::from_utf8(digits).expect("alphabet is ASCII")
+}
+
+/// The `syncTargetKey` kcp computes for a SyncTarget `name` in logical cluster `cluster`.
+pub fn sync_target_key(cluster: &str, name: &str, scheme: KeyScheme) -> SyncTargetKey {
+    let mut h = Sha224::new();
+    h.update(cluster.as_bytes());
+    if scheme == KeyScheme::Current {
+        h.update(b":");
+    }
+    h.update(name.as_bytes());
+    SyncTargetKey(big_endian_to_base(&h.finalize(), BASE62))
+}
+
+/// The 8-character id in the syncer's ServiceAccount name, from the SyncTarget's UID.
+pub fn syncer_id(sync_target_uid: &str) -> String {
+    let digest = Sha224::digest(sync_target_uid.as_bytes());
+    let mut s = big_endian_to_base(&digest, &BASE62[..36]);
+    s.truncate(8);
+    s
+}
+
+/// A username of the form `system:serviceaccount:<ns>:kcp-syncer-<name>-<id>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncerServiceAccount<'a> {
+    pub namespace: &'a str,
+    pub sync_target_name: &'a str,
+    pub id: &'a str,
+}
+
+pub fn parse_syncer_username(username: &str) -> Option<SyncerServiceAccount<'_>> {
+    let rest = username.strip_prefix("system:serviceaccount:")?;
+    let (namespace, sa) = rest.split_once(':')?;
+    let rest = sa.strip_prefix("kcp-syncer-")?;
+    let (name, id) = rest.rsplit_once('-')?;
+    let id_ok = id.len() == 8
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase());
+    if namespace.is_empty() || name.is_empty() || !id_ok {
+        return None;
+    }
+    Some(SyncerServiceAccount {
+        namespace,
+        sync_target_name: name,
+        id,
+    })
+}
+
+/// The `<domain>/namespace-locator` annotation the syncer writes on namespaces it creates.
+/// The legacy `kcp.dev` form says `workspace` where the current one says `cluster`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceLocator {
+    #[serde(default)]
+    pub sync_target: Option<LocatorSyncTarget>,
+    #[serde(default, alias = "workspace")]
+    pub cluster: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LocatorSyncTarget {
+    #[serde(default, alias = "workspace", alias = "path")]
+    pub cluster: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// A resolved sync target: what it is called (for messages) and every key it may be known by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncTarget {
+    /// The SyncTarget's name, when known.
+    pub name: Option<String>,
+    /// The logical cluster it lives in, when known.
+    pub cluster: Option<String>,
+    pub keys: Vec<SyncTargetKey>,
+    /// How it was resolved: "config file" or "kcp syncer convention".
+    pub via: &'static str,
+}
+
+impl SyncTarget {
+    pub fn has_key(&self, key: &str) -> bool {
+        self.keys.iter().any(|k| k.0 == key)
+    }
+}
+
+impl fmt::Display for SyncTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.name, &self.cluster) {
+            (Some(n), Some(c)) => write!(f, "sync target \"{n}\" (cluster {c})"),
+            (Some(n), None) => write!(f, "sync target \"{n}\""),
+            _ => write!(
+                f,
+                "sync target with key {}",
+                self.keys.first().map(|k| k.0.as_str()).unwrap_or("?")
+            ),
+        }
+    }
+}
+
+/// What the requester is, for the guard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requester {
+    /// Never held: anyone who is not a sync target.
+    NotSyncTarget,
+    SyncTarget(SyncTarget),
+    /// Looks like a syncer, but the namespace's locator does not prove which sync target.
+    UnresolvedSyncer { reason: String },
+}
+
+/// One explicitly configured identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExplicitIdentity {
+    pub target: SyncTarget,
+}
+
+/// How usernames map to sync targets, and which annotation domains and key schemes count.
+#[derive(Debug, Clone)]
+pub struct Identities {
+    explicit: HashMap<String, SyncTarget>,
+    schemes: Vec<KeyScheme>,
+    finalizer_prefixes: Vec<String>,
+    locator_keys: Vec<String>,
+}
+
+impl Default for Identities {
+    fn default() -> Self {
+        Identities::new(
+            &["kcp.io".to_string(), "kcp.dev".to_string()],
+            &[KeyScheme::Current, KeyScheme::Legacy],
+        )
+    }
+}
+
+impl Identities {
+    pub fn new(domains: &[String], schemes: &[KeyScheme]) -> Self {
+        Identities {
+            explicit: HashMap::new(),
+            schemes: schemes.to_vec(),
+            finalizer_prefixes: domains
+                .iter()
+                .map(|d| format!("finalizers.workload.{d}/"))
+                .collect(),
+            locator_keys: domains
+                .iter()
+                .map(|d| format!("{d}/namespace-locator"))
+                .collect(),
+        }
+    }
+
+    /// Name a username's sync target by its key.
+    pub fn add_key(&mut self, username: &str, key: &str) {
+        self.explicit.insert(
+            username.to_string(),
+            SyncTarget {
+                name: None,
+                cluster: None,
+                keys: vec![SyncTargetKey(key.to_string())],
+                via: "config file",
+            },
+        );
+    }
+
+    /// Name a username's sync target by logical cluster and name; keys follow the schemes.
+    pub fn add_cluster_name(&mut self, username: &str, cluster: &str, name: &str) {
+        let target = self.target_for(cluster, name, "config file");
+        self.explicit.insert(username.to_string(), target);
+    }
+
+    fn target_for(&self, cluster: &str, name: &str, via: &'static str) -> SyncTarget {
+        SyncTarget {
+            name: Some(name.to_string()),
+            cluster: Some(cluster.to_string()),
+            keys: self
+                .schemes
+                .iter()
+                .map(|s| sync_target_key(cluster, name, *s))
+                .collect(),
+            via,
+        }
+    }
+
+    pub fn finalizer_prefixes(&self) -> &[String] {
+        &self.finalizer_prefixes
+    }
+
+    pub fn locator_keys(&self) -> &[String] {
+        &self.locator_keys
+    }
+
+    /// Whether the sync-target key in `annotation` if it is a soft-finalizer annotation.
+    pub fn finalizer_key<'a>(&self, annotation: &'a str) -> Option<&'a str> {
+        self.finalizer_prefixes
+            .iter()
+            .find_map(|p| annotation.strip_prefix(p.as_str()))
+            .filter(|k| !k.is_empty())
+    }
+
+    /// Whether this username could be a sync target at all. Requests from anyone else are
+    /// decided without reading any state, so an unreachable API never holds them.
+    pub fn is_candidate(&self, username: &str) -> bool {
+        self.explicit.contains_key(username) || parse_syncer_username(username).is_some()
+    }
+
+    /// Resolve the requester, using the locator of the namespace it acts in.
+    pub fn resolve(&self, username: &str, locator: Option<&NamespaceLocator>) -> Requester {
+        if let Some(t) = self.explicit.get(username) {
+            return Requester::SyncTarget(t.clone());
+        }
+        let Some(sa) = parse_syncer_username(username) else {
+            return Requester::NotSyncTarget;
+        };
+        let Some(loc) = locator else {
+            return Requester::UnresolvedSyncer {
+                reason: format!(
+                    "the namespace has no {} annotation naming a sync target",
+                    self.locator_keys.join(" or ")
+                ),
+            };
+        };
+        let Some(st) = loc.sync_target.as_ref() else {
+            return Requester::UnresolvedSyncer {
+                reason: "the namespace locator names no syncTarget".to_string(),
+            };
+        };
+        if st.name != sa.sync_target_name {
+            return Requester::UnresolvedSyncer {
+                reason: format!(
+                    "the namespace locator names sync target \"{}\", not \"{}\"",
+                    st.name, sa.sync_target_name
+                ),
+            };
+        }
+        let id = syncer_id(&st.uid);
+        if id != sa.id {
+            return Requester::UnresolvedSyncer {
+                reason: format!(
+                    "the syncer id {} does not match the locator's sync target UID (which hashes to {id})",
+                    sa.id
+                ),
+            };
+        }
+        let cluster = if st.cluster.is_empty() {
+            loc.cluster.as_deref().unwrap_or("")
+        } else {
+            st.cluster.as_str()
+        };
+        if cluster.is_empty() {
+            return Requester::UnresolvedSyncer {
+                reason: "the namespace locator names no logical cluster".to_string(),
+            };
+        }
+        Requester::SyncTarget(self.target_for(cluster, &st.name, "kcp syncer convention"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kcp_key_vectors() {
+        // (cluster, name, scheme, key): the first two from kcp's own tests (DESIGN §1.1), the
+        // rest computed with Python's hashlib from the same algorithm (SHA-224, big.Int.Text(62)).
+        let rows = [
+            (
+                "root:org:ws",
+                "us-west1",
+                KeyScheme::Current,
+                "6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
+            ),
+            (
+                "root:org:ws",
+                "us-west1",
+                KeyScheme::Legacy,
+                "2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5",
+            ),
+            (
+                "root",
+                "cluster1",
+                KeyScheme::Current,
+                "8eRqx15sXsQB2sc3x9hze2VmODj0GvYygZKlMr",
+            ),
+            (
+                "root:default",
+                "kind",
+                KeyScheme::Current,
+                "9n9rGKKatfebK5a6CBFCP8fMZUAt5laha6y7gS",
+            ),
+            (
+                "root:org:ws",
+                "us-east1",
+                KeyScheme::Current,
+                "1q5XrgW8fxFMT4ZQa6lVIrD2wF7Vaw0fgFzJso",
+            ),
+        ];
+        for (cluster, name, scheme, want) in rows {
+            assert_eq!(
+                sync_target_key(cluster, name, scheme).0,
+                want,
+                "{cluster} {name} {scheme:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn syncer_id_vectors() {
+        assert_eq!(syncer_id("syncTargetUID"), "1nuzj7pw");
+        assert_eq!(
+            syncer_id("3f2d1e43-7c38-4c36-9d1c-6c4bcc4e0d5b"),
+            "1i4xa7bp"
+        );
+    }
+
+    #[test]
+    fn base_conversion_matches_go_big_int_text() {
+        assert_eq!(big_endian_to_base(&[], BASE62), "0");
+        assert_eq!(big_endian_to_base(&[0, 0], BASE62), "0");
+        assert_eq!(big_endian_to_base(&[61], BASE62), "Z");
+        assert_eq!(big_endian_to_base(&[62], BASE62), "10");
+        assert_eq!(big_endian_to_base(&[1, 0], &BASE62[..36]), "74");
+        assert_eq!(big_endian_to_base(&[0xff, 0xff], &BASE62[..16]), "ffff");
+    }
+
+    #[test]
+    fn syncer_usernames() {
+        let ok = parse_syncer_username(
+            "system:serviceaccount:kcp-syncer-us-west1-1nuzj7pw:kcp-syncer-us-west1-1nuzj7pw",
+        )
+        .unwrap();
+        assert_eq!(ok.sync_target_name, "us-west1");
+        assert_eq!(ok.id, "1nuzj7pw");
+        assert_eq!(ok.namespace, "kcp-syncer-us-west1-1nuzj7pw");
+        for bad in [
+            "admin",
+            "system:serviceaccount:ns:default",
+            "system:serviceaccount:ns:kcp-syncer-us-west1",
+            "system:serviceaccount:ns:kcp-syncer--1nuzj7pw",
+            "system:serviceaccount:ns:kcp-syncer-x-1NUZJ7PW",
+            "system:serviceaccount::kcp-syncer-x-1nuzj7pw",
+            "kcp-syncer-us-west1-1nuzj7pw",
+        ] {
+            assert_eq!(parse_syncer_username(bad), None, "{bad}");
+        }
+    }
+
+    fn locator(json: &str) -> NamespaceLocator {
+        serde_json::from_str(json).unwrap()
+    }
+
+    const SYNCER: &str =
+        "system:serviceaccount:kcp-syncer-us-west1-1nuzj7pw:kcp-syncer-us-west1-1nuzj7pw";
+
+    #[test]
+    fn resolution_paths() {
+        let mut ids = Identities::default();
+        ids.add_key("alice", "K1");
+        ids.add_cluster_name("bob", "root:org:ws", "us-west1");
+        let current = locator(
+            r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root:org:ws","namespace":"test"}"#,
+        );
+        let legacy = locator(
+            r#"{"syncTarget":{"workspace":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"workspace":"root:org:ws","namespace":"test"}"#,
+        );
+        let other_uid = locator(
+            r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"other"},"cluster":"root:org:ws"}"#,
+        );
+        let other_name = locator(
+            r#"{"syncTarget":{"cluster":"root:org:ws","name":"eu","uid":"syncTargetUID"}}"#,
+        );
+        let want_keys = vec![
+            SyncTargetKey("6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g".into()),
+            SyncTargetKey("2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5".into()),
+        ];
+
+        // explicit by key
+        match ids.resolve("alice", None) {
+            Requester::SyncTarget(t) => {
+                assert_eq!(t.keys, vec![SyncTargetKey("K1".into())]);
+                assert_eq!(t.via, "config file");
+            }
+            r => panic!("{r:?}"),
+        }
+        // explicit by cluster + name: both schemes
+        match ids.resolve("bob", None) {
+            Requester::SyncTarget(t) => assert_eq!(t.keys, want_keys),
+            r => panic!("{r:?}"),
+        }
+        // convention, kcp.io and kcp.dev locators
+        for loc in [&current, &legacy] {
+            match ids.resolve(SYNCER, Some(loc)) {
+                Requester::SyncTarget(t) => {
+                    assert_eq!(t.keys, want_keys);
+                    assert_eq!(t.name.as_deref(), Some("us-west1"));
+                    assert_eq!(t.via, "kcp syncer convention");
+                }
+                r => panic!("{r:?}"),
+            }
+        }
+        // looks like a syncer, cannot be proven
+        for (loc, why) in [
+            (None, "no kcp.io/namespace-locator or kcp.dev/namespace-locator"),
+            (Some(&other_uid), "does not match"),
+            (Some(&other_name), "names sync target \"eu\""),
+        ] {
+            match ids.resolve(SYNCER, loc) {
+                Requester::UnresolvedSyncer { reason } => assert!(reason.contains(why), "{reason}"),
+                r => panic!("{r:?}"),
+            }
+        }
+        // everyone else
+        assert_eq!(
+            ids.resolve("admin", Some(&current)),
+            Requester::NotSyncTarget
+        );
+        assert!(!ids.is_candidate("system:kube-controller-manager"));
+        assert!(ids.is_candidate(SYNCER) && ids.is_candidate("alice"));
+    }
+
+    #[test]
+    fn single_scheme_and_domain() {
+        let ids = Identities::new(&["kcp.dev".to_string()], &[KeyScheme::Legacy]);
+        assert_eq!(ids.finalizer_key("finalizers.workload.kcp.dev/abc"), Some("abc"));
+        assert_eq!(ids.finalizer_key("finalizers.workload.kcp.io/abc"), None);
+        assert_eq!(ids.finalizer_key("finalizers.workload.kcp.dev/"), None);
+        let legacy = locator(
+            r#"{"syncTarget":{"workspace":"root:org:ws","name":"us-west1","uid":"syncTargetUID"}}"#,
+        );
+        match ids.resolve(SYNCER, Some(&legacy)) {
+            Requester::SyncTarget(t) => assert_eq!(
+                t.keys,
+                vec![SyncTargetKey("2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5".into())]
+            ),
+            r => panic!("{r:?}"),
+        }
+    }
+}

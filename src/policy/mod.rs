@@ -1,0 +1,5 @@
+//! Pure decisions: functions from a request and the state they need to a verdict or a patch.
+//! No I/O, no clocks, no caches; the edge (`crate::webhook`) gathers what they read.
+
+pub mod identity;
+pub mod sync_finalizer;

@@ -1,0 +1,481 @@
+//! The HTTPS server: listener, TLS, the request path as one explicit stack, health, metrics,
+//! and drain on SIGTERM.
+//!
+//! Request path, outermost first (see `router`): panic → 500, concurrency limit whose waiters
+//! time out → 503, then the admission handler, which reads the body up to the limit (413),
+//! decodes (400/415), decides within the deadline the API server sent in `?timeout=`, logs the
+//! decision and counts it.
+
+pub mod metrics;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State as AxState};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::admission;
+use crate::state::State;
+use crate::webhook::{self, Decision, Webhook};
+use metrics::{Metrics, RequestLabels, WebhookLabels};
+
+/// Limits of the request path.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub body_limit: usize,
+    /// Used when the API server sends no `?timeout=`.
+    pub default_timeout: Duration,
+    pub max_concurrency: usize,
+    /// How long a request may wait for a slot before it is shed with 503.
+    pub queue_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            body_limit: 8 * 1024 * 1024,
+            default_timeout: Duration::from_secs(10),
+            max_concurrency: 1024,
+            queue_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Liveness and readiness facts.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The TLS listener accepted a connection from the server itself.
+    pub listener_answers: AtomicBool,
+    /// SIGTERM received: readiness fails so the endpoint is removed before connections stop.
+    pub draining: AtomicBool,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct App {
+    pub state: Arc<State>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub limits: Limits,
+    slots: Arc<Semaphore>,
+}
+
+impl App {
+    pub fn new(state: Arc<State>, metrics: Arc<Metrics>, limits: Limits) -> Self {
+        App {
+            state,
+            metrics,
+            health: Arc::new(Health::default()),
+            slots: Arc::new(Semaphore::new(limits.max_concurrency)),
+            limits,
+        }
+    }
+
+    /// Ready once the caches are synced, a certificate is loaded (it is, or start-up failed),
+    /// the listener answers, and no drain has begun.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.health.draining.load(Ordering::Acquire) {
+            return Err("draining: shutting down".into());
+        }
+        if !self.state.is_synced() {
+            return Err("caches not synced yet".into());
+        }
+        if !self.health.listener_answers.load(Ordering::Acquire) {
+            return Err("the HTTPS listener has not answered yet".into());
+        }
+        Ok(())
+    }
+}
+
+/// The HTTPS router: webhooks, health and metrics.
+pub fn router(app: App) -> Router {
+    let panics = app.metrics.clone();
+    Router::new()
+        .route(
+            "/validate/sync-finalizer",
+            post(|s, u, h, b| admit(s, Webhook::SyncFinalizer, u, h, b)),
+        )
+        .route(
+            "/mutate/move-window",
+            post(|s, u, h, b| admit(s, Webhook::MoveWindow, u, h, b)),
+        )
+        .layer(middleware::from_fn_with_state(app.clone(), limit_concurrency))
+        .merge(health_router())
+        .fallback(|uri: Uri| async move {
+            (
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no such endpoint {}: handoff serves POST /validate/sync-finalizer, POST /mutate/move-window, GET /healthz, /readyz, /metrics\n",
+                    uri.path()
+                ),
+            )
+        })
+        .layer(CatchPanicLayer::custom(move |_: Box<dyn std::any::Any + Send>| {
+            panics.panics.inc();
+            tracing::error!("handler panicked; answered 500");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "handoff hit an internal error deciding this request; it was not decided\n",
+            )
+                .into_response()
+        }))
+        .with_state(app)
+}
+
+/// Health and metrics, also served on the plain-HTTP `--metrics-listen` port.
+pub fn health_router() -> Router<App> {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(|AxState(app): AxState<App>| async move {
+                match app.readiness() {
+                    Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(|AxState(app): AxState<App>| async move {
+                app.metrics
+                    .namespaces
+                    .set(app.state.namespaces.len() as i64);
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    app.metrics.encode(),
+                )
+            }),
+        )
+}
+
+async fn limit_concurrency(AxState(app): AxState<App>, req: Request, next: Next) -> Response {
+    let permit = match tokio::time::timeout(
+        app.limits.queue_timeout,
+        app.slots.clone().acquire_owned(),
+    )
+    .await
+    {
+        Ok(Ok(p)) => p,
+        _ => {
+            app.metrics.shed.inc();
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "handoff is saturated: {} requests in flight and none finished within {:?}; retry\n",
+                    app.limits.max_concurrency, app.limits.queue_timeout
+                ),
+            )
+                .into_response();
+        }
+    };
+    app.metrics.in_flight.inc();
+    let resp = next.run(req).await;
+    app.metrics.in_flight.dec();
+    drop(permit);
+    resp
+}
+
+/// The API server appends `?timeout=<n>s`: the time it will wait for us.
+pub fn request_timeout(query: Option<&str>, default: Duration) -> Duration {
+    query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|kv| kv.strip_prefix("timeout="))
+        .and_then(parse_go_duration)
+        .unwrap_or(default)
+}
+
+/// The subset of Go's duration syntax the API server writes: `10s`, `1m0s`, `500ms`.
+pub fn parse_go_duration(s: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += Duration::from_secs_f64(value * unit);
+    }
+    Some(total)
+}
+
+fn plain(code: StatusCode, message: String) -> Response {
+    (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], message + "\n").into_response()
+}
+
+async fn admit(
+    AxState(app): AxState<App>,
+    webhook: Webhook,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    let (resp, op, verdict) = admit_inner(&app, webhook, &uri, &headers, body).await;
+    let code = resp.status().as_u16();
+    app.metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            webhook: webhook.as_str(),
+            operation: op,
+            verdict,
+            code,
+        })
+        .inc();
+    app.metrics
+        .latency
+        .get_or_create(&WebhookLabels {
+            webhook: webhook.as_str(),
+        })
+        .observe(start.elapsed().as_secs_f64());
+    resp
+}
+
+async fn admit_inner(
+    app: &App,
+    webhook: Webhook,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> (Response, &'static str, &'static str) {
+    let start = Instant::now();
+    let bad = |code: StatusCode, msg: String| {
+        tracing::warn!(webhook = webhook.as_str(), code = code.as_u16(), error = %msg, "bad admission request");
+        (plain(code, msg), "", "error")
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = content_type.split(';').next().unwrap_or("").trim();
+    if !mime.eq_ignore_ascii_case("application/json") {
+        return bad(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("Content-Type must be application/json, got {content_type:?}"),
+        );
+    }
+    let limit = app.limits.body_limit;
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            let too_big = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            return if too_big {
+                bad(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("AdmissionReview body exceeds the {limit}-byte limit"),
+                )
+            } else {
+                bad(StatusCode::BAD_REQUEST, format!("cannot read request body: {e}"))
+            };
+        }
+    };
+    let req = match admission::decode_review(&bytes) {
+        Ok(r) => r,
+        Err(e) => return bad(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let op = req.operation.as_str();
+    // Answer before the API server gives up on us, with a verdict rather than a timeout, so
+    // the outcome is ours and not the failurePolicy's.
+    let budget = request_timeout(uri.query(), app.limits.default_timeout) * 4 / 5;
+    let decision = match tokio::time::timeout(budget, webhook::decide(&app.state, webhook, &req)).await
+    {
+        Ok(d) => d,
+        Err(_) => Decision::deny(
+            &req,
+            "deadline",
+            format!(
+                "handoff could not decide within {budget:?} (the API server's timeout less a margin); refused so that nothing is deleted or started unchecked"
+            ),
+        ),
+    };
+    log_decision(webhook, &req, &decision, start.elapsed());
+    let body = admission::encode_review(&decision.response);
+    let resp = (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response();
+    (resp, op, decision.verdict)
+}
+
+fn log_decision(
+    webhook: Webhook,
+    req: &admission::AdmissionRequest,
+    d: &Decision,
+    latency: Duration,
+) {
+    tracing::info!(
+        target: "handoff::decision",
+        webhook = webhook.as_str(),
+        uid = %req.uid,
+        user = %req.user_info.username,
+        operation = req.operation.as_str(),
+        resource = %req.resource_path(),
+        namespace = req.namespace.as_deref().unwrap_or(""),
+        name = req.object_name().unwrap_or(""),
+        dry_run = req.is_dry_run(),
+        verdict = d.verdict,
+        reason = d.reason,
+        detail = %d.detail,
+        latency_us = latency.as_micros() as u64,
+        "decision"
+    );
+}
+
+/// Serve HTTPS on `listener` until `shutdown` resolves, then drain: stop accepting, let
+/// in-flight requests finish (at most `drain_timeout`), and return.
+pub async fn run(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: App,
+    shutdown: impl std::future::Future<Output = ()>,
+    drain_timeout: Duration,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let service = router(app.clone());
+    let graceful = GracefulShutdown::new();
+    let local = listener.local_addr().ok();
+    if let Some(addr) = local {
+        tokio::spawn(self_check(addr, app.health.clone()));
+    }
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let service = service.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let svc = TowerToHyperService::new(service);
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            if h2 {
+                builder = builder.http2_only();
+            } else {
+                builder = builder.http1_only();
+            }
+            let conn = builder.serve_connection(TokioIo::new(tls), svc);
+            if let Err(e) = watcher.watch(conn.into_owned()).await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("listener closed; draining in-flight requests");
+    match tokio::time::timeout(drain_timeout, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("all connections drained"),
+        Err(_) => tracing::warn!(?drain_timeout, "drain timed out; closing remaining connections"),
+    }
+}
+
+/// Prove the listener answers by connecting to it, as the kubelet and API server will.
+async fn self_check(addr: SocketAddr, health: Arc<Health>) {
+    let target = if addr.ip().is_unspecified() {
+        SocketAddr::new(
+            if addr.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            },
+            addr.port(),
+        )
+    } else {
+        addr
+    };
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(target).await.is_ok() {
+            health.listener_answers.store(true, Ordering::Release);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::error!(%target, "the HTTPS listener does not answer; staying unready");
+}
+
+/// Serve `/healthz`, `/readyz` and `/metrics` over plain HTTP.
+pub async fn run_plain(
+    listener: TcpListener,
+    app: App,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = health_router().with_state(app);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_api_servers_timeout() {
+        let d = Duration::from_secs(10);
+        assert_eq!(request_timeout(Some("timeout=5s"), d), Duration::from_secs(5));
+        assert_eq!(request_timeout(Some("a=b&timeout=1m0s"), d), Duration::from_secs(60));
+        assert_eq!(request_timeout(Some("timeout=250ms"), d), Duration::from_millis(250));
+        assert_eq!(request_timeout(Some("timeout=bogus"), d), d);
+        assert_eq!(request_timeout(Some("timeout="), d), d);
+        assert_eq!(request_timeout(None, d), d);
+    }
+}

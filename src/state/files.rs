@@ -1,0 +1,124 @@
+//! `--state DIR`: a folder of YAML manifests standing in for the cluster.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// One YAML document of a state folder, with where it came from.
+#[derive(Debug, Clone)]
+pub struct StateDoc {
+    pub file: PathBuf,
+    /// 1-based position of the document in its file.
+    pub index: usize,
+    pub kind: String,
+    pub value: serde_json::Value,
+}
+
+impl StateDoc {
+    pub fn place(&self) -> String {
+        format!("{} (document {})", self.file.display(), self.index)
+    }
+
+    /// Deserialize into a typed object, naming the file and the field on error.
+    pub fn parse<T: for<'de> Deserialize<'de>>(&self) -> Result<T, StateError> {
+        T::deserialize(&self.value).map_err(|e| StateError::Doc {
+            place: self.place(),
+            message: e.to_string(),
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state folder {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{place}: {message}")]
+    Doc { place: String, message: String },
+}
+
+/// Every document of every `*.yaml`/`*.yml` file in `dir` (not recursive), in file-name order.
+/// `# comments` and empty documents are skipped; a document without `kind` is an error.
+pub fn load_dir(dir: &Path) -> Result<Vec<StateDoc>, StateError> {
+    let io = |source| StateError::Io {
+        path: dir.display().to_string(),
+        source,
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml") | Some("yml")
+                )
+        })
+        .collect();
+    files.sort();
+    let mut docs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).map_err(|source| StateError::Io {
+            path: file.display().to_string(),
+            source,
+        })?;
+        for (i, de) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+            let place = || format!("{} (document {})", file.display(), i + 1);
+            let value = serde_json::Value::deserialize(de).map_err(|e| StateError::Doc {
+                place: place(),
+                message: format!("not valid YAML: {e}"),
+            })?;
+            if value.is_null() {
+                continue;
+            }
+            let kind = value
+                .get("kind")
+                .and_then(|k| k.as_str())
+                .ok_or_else(|| StateError::Doc {
+                    place: place(),
+                    message: "field `kind` is missing".into(),
+                })?
+                .to_string();
+            docs.push(StateDoc {
+                file: file.clone(),
+                index: i + 1,
+                kind,
+                value,
+            });
+        }
+    }
+    Ok(docs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_multi_document_files_and_names_bad_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("a.yaml"),
+            "# c\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: b}\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("ignored.txt"), "kind: Nope").unwrap();
+        let docs = load_dir(dir.path()).unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[1].kind, "Namespace");
+
+        std::fs::write(dir.path().join("b.yaml"), "metadata: {name: x}\n").unwrap();
+        let err = load_dir(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("b.yaml (document 1)") && err.contains("`kind`"), "{err}");
+
+        std::fs::write(dir.path().join("b.yaml"), "kind: [\n").unwrap();
+        let err = load_dir(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("b.yaml") && err.contains("not valid YAML"), "{err}");
+
+        let err = load_dir(&dir.path().join("missing")).unwrap_err().to_string();
+        assert!(err.contains("missing"), "{err}");
+    }
+}

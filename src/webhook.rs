@@ -1,0 +1,109 @@
+//! The edge between a decoded AdmissionReview and the pure policies: pick the webhook, read
+//! the state it needs, call the policy, shape the response. Shared by `serve` and `review`.
+
+use std::collections::BTreeMap;
+
+use crate::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use crate::policy::sync_finalizer::{self, DeleteRequest, NamespaceState, Verdict};
+use crate::state::{NamespaceLookup, State};
+
+/// The two webhooks, by their paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Webhook {
+    /// `POST /validate/sync-finalizer`
+    SyncFinalizer,
+    /// `POST /mutate/move-window`
+    MoveWindow,
+}
+
+impl Webhook {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Webhook::SyncFinalizer => "sync-finalizer",
+            Webhook::MoveWindow => "move-window",
+        }
+    }
+
+    /// The webhook the registrations in `manifests/` would send this request to.
+    pub fn for_request(req: &AdmissionRequest) -> Option<Webhook> {
+        match req.operation {
+            Operation::Delete => Some(Webhook::SyncFinalizer),
+            Operation::Create | Operation::Update
+                if req.resource.group == "apps" && req.resource.resource == "deployments" =>
+            {
+                Some(Webhook::MoveWindow)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A decision, ready to send and to log.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub response: AdmissionResponse,
+    /// `allow`, `deny` or `patch`.
+    pub verdict: &'static str,
+    /// Machine-readable reason (the rule that decided).
+    pub reason: &'static str,
+    /// Human-readable detail for the log: the denial message or the pin.
+    pub detail: String,
+}
+
+impl Decision {
+    fn allow(req: &AdmissionRequest, reason: &'static str) -> Self {
+        Decision {
+            response: AdmissionResponse::allow(&req.uid),
+            verdict: "allow",
+            reason,
+            detail: String::new(),
+        }
+    }
+
+    /// A denial with a message, also recorded as audit annotations (the API server prefixes
+    /// the keys with the webhook's name).
+    pub fn deny(req: &AdmissionRequest, reason: &'static str, message: String) -> Self {
+        let mut response = AdmissionResponse::deny(&req.uid, 403, "Forbidden", message.clone());
+        response.audit_annotations = audit("deny", reason);
+        Decision {
+            response,
+            verdict: "deny",
+            reason,
+            detail: message,
+        }
+    }
+}
+
+pub fn audit(verdict: &str, reason: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("decision".to_string(), verdict.to_string()),
+        ("reason".to_string(), reason.to_string()),
+    ])
+}
+
+/// Decide one request for `webhook`.
+pub async fn decide(state: &State, webhook: Webhook, req: &AdmissionRequest) -> Decision {
+    match webhook {
+        Webhook::SyncFinalizer => decide_sync_finalizer(state, req).await,
+        Webhook::MoveWindow => Decision::allow(req, "no-open-window"),
+    }
+}
+
+async fn decide_sync_finalizer(state: &State, req: &AdmissionRequest) -> Decision {
+    let Some(delete) = DeleteRequest::from_review(req) else {
+        return Decision::allow(req, sync_finalizer::AllowReason::NotDelete.as_str());
+    };
+    let lookup = match delete.namespace_to_read(&state.ids) {
+        Some(ns) => state.namespace(ns).await,
+        None => NamespaceLookup::Plain,
+    };
+    let ns_state = match &lookup {
+        NamespaceLookup::Relevant(m) => NamespaceState::Known(m),
+        NamespaceLookup::Plain => NamespaceState::Plain,
+        NamespaceLookup::Unavailable(why) => NamespaceState::Unavailable(why),
+    };
+    match sync_finalizer::decide(&delete, ns_state, &state.ids) {
+        v @ Verdict::Allow(_) => Decision::allow(req, v.reason()),
+        Verdict::Deny { rule, message } => Decision::deny(req, rule.as_str(), message),
+    }
+}
