@@ -337,7 +337,11 @@ mod tests {
     #[test]
     fn pointer_escapes_slash_and_tilde() {
         assert_eq!(
-            pointer(&["metadata", "annotations", "handoff.dev/replicas-before-move"]),
+            pointer(&[
+                "metadata",
+                "annotations",
+                "handoff.dev/replicas-before-move"
+            ]),
             "/metadata/annotations/handoff.dev~1replicas-before-move"
         );
         assert_eq!(escape_pointer_token("a~b/c"), "a~0b~1c");
@@ -392,7 +396,12 @@ mod tests {
 
     #[test]
     fn encode_echoes_uid_and_envelope() {
-        let out = encode_review(&AdmissionResponse::deny("abc", 403, "Forbidden", "no".into()));
+        let out = encode_review(&AdmissionResponse::deny(
+            "abc",
+            403,
+            "Forbidden",
+            "no".into(),
+        ));
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["apiVersion"], API_VERSION);
         assert_eq!(v["kind"], KIND);

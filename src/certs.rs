@@ -94,7 +94,11 @@ impl Ca {
     }
 
     /// A client certificate (for `--client-ca` set-ups): `(cert PEM, key PEM)`.
-    pub fn client_cert(&self, common_name: &str, days: u32) -> Result<(String, String), rcgen::Error> {
+    pub fn client_cert(
+        &self,
+        common_name: &str,
+        days: u32,
+    ) -> Result<(String, String), rcgen::Error> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name = DistinguishedName::new();
         params
@@ -106,7 +110,11 @@ impl Ca {
         self.sign(params, days)
     }
 
-    fn sign(&self, mut params: CertificateParams, days: u32) -> Result<(String, String), rcgen::Error> {
+    fn sign(
+        &self,
+        mut params: CertificateParams,
+        days: u32,
+    ) -> Result<(String, String), rcgen::Error> {
         validity(&mut params, days);
         let key = KeyPair::generate()?;
         let issuer = Issuer::from_params(&self.params, &self.key);

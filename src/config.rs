@@ -120,10 +120,22 @@ mod tests {
     fn errors_name_the_field() {
         for (text, want) in [
             ("syncTarget: []", "unknown field `syncTarget`"),
-            ("syncTargets: [{username: a}]", "syncTargets[0] (a): give either key"),
-            ("syncTargets: [{username: a, key: k, cluster: c}]", "syncTargets[0]"),
-            ("syncTargets: [{username: '', key: k}]", "syncTargets[0].username"),
-            ("syncTargets: [{username: a, key: k, nmae: x}]", "unknown field `nmae`"),
+            (
+                "syncTargets: [{username: a}]",
+                "syncTargets[0] (a): give either key",
+            ),
+            (
+                "syncTargets: [{username: a, key: k, cluster: c}]",
+                "syncTargets[0]",
+            ),
+            (
+                "syncTargets: [{username: '', key: k}]",
+                "syncTargets[0].username",
+            ),
+            (
+                "syncTargets: [{username: a, key: k, nmae: x}]",
+                "unknown field `nmae`",
+            ),
             ("keySchemes: [newest]", "unknown variant `newest`"),
             ("keySchemes: []", "keySchemes"),
             ("annotationDomains: []", "annotationDomains"),

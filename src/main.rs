@@ -18,7 +18,11 @@ use handoff::webhook::{self, Webhook};
 use handoff::{admission, certs};
 
 #[derive(Parser)]
-#[command(name = "handoff", version, about = "Admission webhooks that keep workloads whole while they move between clusters")]
+#[command(
+    name = "handoff",
+    version,
+    about = "Admission webhooks that keep workloads whole while they move between clusters"
+)]
 struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -133,7 +137,8 @@ struct CertsArgs {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    server::parse_go_duration(s).ok_or_else(|| format!("{s:?} is not a duration such as 500ms, 3s or 1m"))
+    server::parse_go_duration(s)
+        .ok_or_else(|| format!("{s:?} is not a duration such as 500ms, 3s or 1m"))
 }
 
 fn init_logging(format: LogFormat) {
@@ -141,7 +146,8 @@ fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.init(),
@@ -151,7 +157,10 @@ fn init_logging(format: LogFormat) {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -207,9 +216,12 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
         Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
     };
-    let ids = cfg.identities().map_err(|e| anyhow::anyhow!("config: {e}"))?;
+    let ids = cfg
+        .identities()
+        .map_err(|e| anyhow::anyhow!("config: {e}"))?;
     if let Some(dir) = &args.state {
-        let mut state = State::from_dir(dir, ids).with_context(|| format!("--state {}", dir.display()))?;
+        let mut state =
+            State::from_dir(dir, ids).with_context(|| format!("--state {}", dir.display()))?;
         state.api_timeout = args.api_timeout;
         return Ok((state, None));
     }
@@ -231,7 +243,10 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         _ => {
             let generated = certs::generate(
                 &["localhost".to_string()],
-                &[IpAddr::from([127, 0, 0, 1]), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)],
+                &[
+                    IpAddr::from([127, 0, 0, 1]),
+                    IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+                ],
                 30,
             )
             .context("cannot generate a serving certificate")?;
@@ -269,7 +284,10 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(client) = client {
-        tokio::spawn(handoff::state::cluster::watch_namespaces(client, state.clone()));
+        tokio::spawn(handoff::state::cluster::watch_namespaces(
+            client,
+            state.clone(),
+        ));
     }
     tokio::spawn(store.clone().watch(a.cert_reload_interval, metrics.clone()));
 
@@ -298,8 +316,13 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let shutdown = async move {
         wait_for_signal().await;
         // Fail readiness first, so the endpoint is removed while we still answer.
-        health.draining.store(true, std::sync::atomic::Ordering::Release);
-        tracing::info!(?drain_delay, "SIGTERM: readiness now fails; closing the listener after the drain delay");
+        health
+            .draining
+            .store(true, std::sync::atomic::Ordering::Release);
+        tracing::info!(
+            ?drain_delay,
+            "SIGTERM: readiness now fails; closing the listener after the drain delay"
+        );
         tokio::time::sleep(drain_delay).await;
         let _ = stop_tx.send(true);
     };
@@ -327,8 +350,12 @@ async fn wait_for_signal() {
 async fn review(a: ReviewArgs) -> anyhow::Result<()> {
     let mut body = Vec::new();
     match a.file.as_deref() {
-        None => std::io::stdin().read_to_end(&mut body).context("reading stdin")?,
-        Some(p) if p.as_os_str() == "-" => std::io::stdin().read_to_end(&mut body).context("reading stdin")?,
+        None => std::io::stdin()
+            .read_to_end(&mut body)
+            .context("reading stdin")?,
+        Some(p) if p.as_os_str() == "-" => std::io::stdin()
+            .read_to_end(&mut body)
+            .context("reading stdin")?,
         Some(p) => {
             body = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
             body.len()

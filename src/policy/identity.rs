@@ -168,7 +168,9 @@ pub enum Requester {
     NotSyncTarget,
     SyncTarget(SyncTarget),
     /// Looks like a syncer, but the namespace's locator does not prove which sync target.
-    UnresolvedSyncer { reason: String },
+    UnresolvedSyncer {
+        reason: String,
+    },
 }
 
 /// One explicitly configured identity.
@@ -462,7 +464,10 @@ mod tests {
         }
         // looks like a syncer, cannot be proven
         for (loc, why) in [
-            (None, "no kcp.io/namespace-locator or kcp.dev/namespace-locator"),
+            (
+                None,
+                "no kcp.io/namespace-locator or kcp.dev/namespace-locator",
+            ),
             (Some(&other_uid), "does not match"),
             (Some(&other_name), "names sync target \"eu\""),
         ] {
@@ -483,7 +488,10 @@ mod tests {
     #[test]
     fn single_scheme_and_domain() {
         let ids = Identities::new(&["kcp.dev".to_string()], &[KeyScheme::Legacy]);
-        assert_eq!(ids.finalizer_key("finalizers.workload.kcp.dev/abc"), Some("abc"));
+        assert_eq!(
+            ids.finalizer_key("finalizers.workload.kcp.dev/abc"),
+            Some("abc")
+        );
         assert_eq!(ids.finalizer_key("finalizers.workload.kcp.io/abc"), None);
         assert_eq!(ids.finalizer_key("finalizers.workload.kcp.dev/"), None);
         let legacy = locator(
@@ -492,7 +500,9 @@ mod tests {
         match ids.resolve(SYNCER, Some(&legacy)) {
             Requester::SyncTarget(t) => assert_eq!(
                 t.keys,
-                vec![SyncTargetKey("2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5".into())]
+                vec![SyncTargetKey(
+                    "2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5".into()
+                )]
             ),
             r => panic!("{r:?}"),
         }

@@ -274,7 +274,13 @@ pub fn decide(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identities)
         if let Some(f) = obj_hold.or(ns_hold) {
             return Verdict::Deny {
                 rule: Rule::NamespaceItself,
-                message: namespace_message(req, &target, ns_name, f, "deleting the namespace would delete everything in it"),
+                message: namespace_message(
+                    req,
+                    &target,
+                    ns_name,
+                    f,
+                    "deleting the namespace would delete everything in it",
+                ),
             };
         }
         return Verdict::Allow(AllowReason::NoHold);
@@ -287,7 +293,13 @@ pub fn decide(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identities)
         };
         return Verdict::Deny {
             rule,
-            message: namespace_message(req, &target, ns_name, f, "its objects stay until the hold is lifted"),
+            message: namespace_message(
+                req,
+                &target,
+                ns_name,
+                f,
+                "its objects stay until the hold is lifted",
+            ),
         };
     }
     if let Some(f) = obj_hold {
@@ -381,7 +393,10 @@ mod tests {
             user,
             ns_annotations: Some(vec![
                 ("kcp.io/namespace-locator", LOCATOR),
-                ("finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g", "glbc-migration"),
+                (
+                    "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
+                    "glbc-migration",
+                ),
             ]),
             object_annotations: vec![],
             is_namespace: false,
@@ -394,40 +409,179 @@ mod tests {
 
     #[test]
     fn table() {
-        let hold = ("finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g", "glbc-migration");
-        let legacy_hold = ("finalizers.workload.kcp.dev/2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5", "x");
+        let hold = (
+            "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
+            "glbc-migration",
+        );
+        let legacy_hold = (
+            "finalizers.workload.kcp.dev/2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5",
+            "x",
+        );
         let locator = ("kcp.io/namespace-locator", LOCATOR);
         let legacy_locator = (
             "kcp.dev/namespace-locator",
             r#"{"syncTarget":{"workspace":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"workspace":"root:org:ws","namespace":"test"}"#,
         );
         let rows = vec![
-            Row { want: Err(Rule::NamespaceHold), ..row("namespace finalizer holds the syncer's delete", SYNCER) },
-            Row { want: Ok(AllowReason::NotSyncTarget), ..row("other users are never held", "admin") },
-            Row { want: Ok(AllowReason::NotSyncTarget), ..row("controllers are never held", "system:serviceaccount:kube-system:namespace-controller") },
-            Row { ns_annotations: Some(vec![locator, (hold.0, "")]), ..row("empty finalizer value does not block", SYNCER) },
-            Row { ns_annotations: Some(vec![locator]), ..row("no finalizer, no hold", SYNCER) },
-            Row { ns_annotations: Some(vec![locator, ("finalizers.workload.kcp.io/someOtherKey", "x")]), ..row("another sync target's finalizer does not hold this one", SYNCER) },
-            Row { ns_annotations: Some(vec![locator]), object_annotations: vec![hold], want: Err(Rule::ObjectHold), ..row("object soft finalizer holds", SYNCER) },
-            Row { ns_annotations: Some(vec![locator]), object_annotations: vec![(hold.0, "")], ..row("object soft finalizer with empty value does not hold", SYNCER) },
-            Row { is_namespace: true, object_name: Some("kcp-ns"), object_annotations: vec![locator, hold], want: Err(Rule::NamespaceItself), ..row("deleting the held namespace itself", SYNCER) },
-            Row { is_namespace: true, object_name: Some("kcp-ns"), object_annotations: vec![locator], want: Err(Rule::NamespaceItself), ..row("namespace held in cache though oldObject lacks it", SYNCER) },
-            Row { is_namespace: true, object_name: Some("kcp-ns"), ns_annotations: Some(vec![locator]), object_annotations: vec![locator], ..row("deleting an unheld namespace", SYNCER) },
-            Row { object_name: None, want: Err(Rule::CollectionHold), ..row("collection-level delete in a held namespace", SYNCER) },
-            Row { collection_item: true, want: Err(Rule::NamespaceHold), ..row("delete-collection item in a held namespace", SYNCER) },
-            Row { ns_annotations: Some(vec![legacy_locator, legacy_hold]), want: Err(Rule::NamespaceHold), ..row("kcp.dev domain and legacy key scheme", SYNCER) },
-            Row { ns_annotations: Some(vec![legacy_locator, hold]), want: Err(Rule::NamespaceHold), ..row("kcp.dev locator with kcp.io finalizer", SYNCER) },
-            Row { user: "explicit-user", ns_annotations: Some(vec![hold]), want: Err(Rule::NamespaceHold), ..row("explicit identity by cluster and name, no locator needed", "") },
-            Row { user: "explicit-key-user", ns_annotations: Some(vec![hold]), want: Err(Rule::NamespaceHold), ..row("explicit identity by key", "") },
-            Row { user: "explicit-other", ns_annotations: Some(vec![hold]), ..row("explicit identity of another sync target passes", "") },
-            Row { ns_annotations: Some(vec![hold]), want: Err(Rule::UnresolvedSyncer), ..row("syncer without locator in a held namespace is denied", SYNCER) },
-            Row { ns_annotations: Some(vec![]), ..row("syncer without locator in an unheld namespace passes", SYNCER) },
-            Row { user: OTHER_SYNCER, want: Err(Rule::UnresolvedSyncer), ..row("syncer whose name does not match the locator is denied where held", "") },
-            Row { user: OTHER_SYNCER, ns_annotations: Some(vec![locator]), ..row("mismatched syncer where nothing blocks passes", "") },
-            Row { ns_annotations: Some(vec![]), object_annotations: vec![hold], want: Err(Rule::UnresolvedSyncer), ..row("unresolved syncer and a held object", SYNCER) },
-            Row { state: "plain", ns_annotations: None, ..row("namespace gone: nothing holds", SYNCER) },
-            Row { state: "unavailable", ns_annotations: None, want: Err(Rule::StateUnavailable), ..row("namespace unreadable: fail closed for syncers", SYNCER) },
-            Row { state: "unavailable", ns_annotations: None, want: Ok(AllowReason::NotSyncTarget), ..row("namespace unreadable: others pass", "admin") },
+            Row {
+                want: Err(Rule::NamespaceHold),
+                ..row("namespace finalizer holds the syncer's delete", SYNCER)
+            },
+            Row {
+                want: Ok(AllowReason::NotSyncTarget),
+                ..row("other users are never held", "admin")
+            },
+            Row {
+                want: Ok(AllowReason::NotSyncTarget),
+                ..row(
+                    "controllers are never held",
+                    "system:serviceaccount:kube-system:namespace-controller",
+                )
+            },
+            Row {
+                ns_annotations: Some(vec![locator, (hold.0, "")]),
+                ..row("empty finalizer value does not block", SYNCER)
+            },
+            Row {
+                ns_annotations: Some(vec![locator]),
+                ..row("no finalizer, no hold", SYNCER)
+            },
+            Row {
+                ns_annotations: Some(vec![
+                    locator,
+                    ("finalizers.workload.kcp.io/someOtherKey", "x"),
+                ]),
+                ..row(
+                    "another sync target's finalizer does not hold this one",
+                    SYNCER,
+                )
+            },
+            Row {
+                ns_annotations: Some(vec![locator]),
+                object_annotations: vec![hold],
+                want: Err(Rule::ObjectHold),
+                ..row("object soft finalizer holds", SYNCER)
+            },
+            Row {
+                ns_annotations: Some(vec![locator]),
+                object_annotations: vec![(hold.0, "")],
+                ..row(
+                    "object soft finalizer with empty value does not hold",
+                    SYNCER,
+                )
+            },
+            Row {
+                is_namespace: true,
+                object_name: Some("kcp-ns"),
+                object_annotations: vec![locator, hold],
+                want: Err(Rule::NamespaceItself),
+                ..row("deleting the held namespace itself", SYNCER)
+            },
+            Row {
+                is_namespace: true,
+                object_name: Some("kcp-ns"),
+                object_annotations: vec![locator],
+                want: Err(Rule::NamespaceItself),
+                ..row("namespace held in cache though oldObject lacks it", SYNCER)
+            },
+            Row {
+                is_namespace: true,
+                object_name: Some("kcp-ns"),
+                ns_annotations: Some(vec![locator]),
+                object_annotations: vec![locator],
+                ..row("deleting an unheld namespace", SYNCER)
+            },
+            Row {
+                object_name: None,
+                want: Err(Rule::CollectionHold),
+                ..row("collection-level delete in a held namespace", SYNCER)
+            },
+            Row {
+                collection_item: true,
+                want: Err(Rule::NamespaceHold),
+                ..row("delete-collection item in a held namespace", SYNCER)
+            },
+            Row {
+                ns_annotations: Some(vec![legacy_locator, legacy_hold]),
+                want: Err(Rule::NamespaceHold),
+                ..row("kcp.dev domain and legacy key scheme", SYNCER)
+            },
+            Row {
+                ns_annotations: Some(vec![legacy_locator, hold]),
+                want: Err(Rule::NamespaceHold),
+                ..row("kcp.dev locator with kcp.io finalizer", SYNCER)
+            },
+            Row {
+                user: "explicit-user",
+                ns_annotations: Some(vec![hold]),
+                want: Err(Rule::NamespaceHold),
+                ..row(
+                    "explicit identity by cluster and name, no locator needed",
+                    "",
+                )
+            },
+            Row {
+                user: "explicit-key-user",
+                ns_annotations: Some(vec![hold]),
+                want: Err(Rule::NamespaceHold),
+                ..row("explicit identity by key", "")
+            },
+            Row {
+                user: "explicit-other",
+                ns_annotations: Some(vec![hold]),
+                ..row("explicit identity of another sync target passes", "")
+            },
+            Row {
+                ns_annotations: Some(vec![hold]),
+                want: Err(Rule::UnresolvedSyncer),
+                ..row(
+                    "syncer without locator in a held namespace is denied",
+                    SYNCER,
+                )
+            },
+            Row {
+                ns_annotations: Some(vec![]),
+                ..row(
+                    "syncer without locator in an unheld namespace passes",
+                    SYNCER,
+                )
+            },
+            Row {
+                user: OTHER_SYNCER,
+                want: Err(Rule::UnresolvedSyncer),
+                ..row(
+                    "syncer whose name does not match the locator is denied where held",
+                    "",
+                )
+            },
+            Row {
+                user: OTHER_SYNCER,
+                ns_annotations: Some(vec![locator]),
+                ..row("mismatched syncer where nothing blocks passes", "")
+            },
+            Row {
+                ns_annotations: Some(vec![]),
+                object_annotations: vec![hold],
+                want: Err(Rule::UnresolvedSyncer),
+                ..row("unresolved syncer and a held object", SYNCER)
+            },
+            Row {
+                state: "plain",
+                ns_annotations: None,
+                ..row("namespace gone: nothing holds", SYNCER)
+            },
+            Row {
+                state: "unavailable",
+                ns_annotations: None,
+                want: Err(Rule::StateUnavailable),
+                ..row("namespace unreadable: fail closed for syncers", SYNCER)
+            },
+            Row {
+                state: "unavailable",
+                ns_annotations: None,
+                want: Ok(AllowReason::NotSyncTarget),
+                ..row("namespace unreadable: others pass", "admin")
+            },
         ];
         let ids = ids();
         for r in rows {
@@ -436,7 +590,11 @@ mod tests {
             let obj = annotations(&r.object_annotations);
             let req = DeleteRequest {
                 username: r.user,
-                resource: if r.is_namespace { "namespaces".into() } else { "configmaps".into() },
+                resource: if r.is_namespace {
+                    "namespaces".into()
+                } else {
+                    "configmaps".into()
+                },
                 namespace: Some("kcp-ns"),
                 name: r.object_name,
                 is_namespace: r.is_namespace,
@@ -463,7 +621,10 @@ mod tests {
         let ids = ids();
         let ann = annotations(&[
             ("kcp.io/namespace-locator", LOCATOR),
-            ("finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g", "glbc-migration"),
+            (
+                "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
+                "glbc-migration",
+            ),
         ]);
         let meta = NamespaceMeta::from_annotations("kcp-33jbiactwhg0", Some(&ann), &ids);
         let req = DeleteRequest {
@@ -488,7 +649,10 @@ mod tests {
         ] {
             assert!(message.contains(part), "missing {part:?} in {message}");
         }
-        assert!(!message.contains('\n'), "kubectl prints one line: {message}");
+        assert!(
+            !message.contains('\n'),
+            "kubectl prints one line: {message}"
+        );
     }
 
     #[test]

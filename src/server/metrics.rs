@@ -78,8 +78,16 @@ impl Metrics {
             "Time from request received to response written, by webhook",
             m.latency.clone(),
         );
-        registry.register("in_flight_requests", "Requests being served", m.in_flight.clone());
-        registry.register("handler_panics", "Handler panics answered with 500", m.panics.clone());
+        registry.register(
+            "in_flight_requests",
+            "Requests being served",
+            m.in_flight.clone(),
+        );
+        registry.register(
+            "handler_panics",
+            "Handler panics answered with 500",
+            m.panics.clone(),
+        );
         registry.register(
             "shed_requests",
             "Requests refused with 503 because the concurrency limit stayed full",
@@ -100,7 +108,11 @@ impl Metrics {
             "Namespaces in the guard's cache",
             m.namespaces.clone(),
         );
-        registry.register("open_move_windows", "MoveWindows whose state is Open", m.open_windows.clone());
+        registry.register(
+            "open_move_windows",
+            "MoveWindows whose state is Open",
+            m.open_windows.clone(),
+        );
         registry.register(
             "pinned_deployments",
             "Deployments selected by an open MoveWindow",

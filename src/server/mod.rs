@@ -146,7 +146,10 @@ pub fn health_router() -> Router<App> {
             get(|AxState(app): AxState<App>| async move {
                 match app.readiness() {
                     Ok(()) => (StatusCode::OK, "ok\n".to_string()),
-                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                    Err(why) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: {why}\n"),
+                    ),
                 }
             }),
         )
@@ -235,7 +238,12 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
 }
 
 fn plain(code: StatusCode, message: String) -> Response {
-    (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], message + "\n").into_response()
+    (
+        code,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message + "\n",
+    )
+        .into_response()
 }
 
 async fn admit(
@@ -301,7 +309,10 @@ async fn admit_inner(
                     format!("AdmissionReview body exceeds the {limit}-byte limit"),
                 )
             } else {
-                bad(StatusCode::BAD_REQUEST, format!("cannot read request body: {e}"))
+                bad(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read request body: {e}"),
+                )
             };
         }
     };
@@ -313,7 +324,8 @@ async fn admit_inner(
     // Answer before the API server gives up on us, with a verdict rather than a timeout, so
     // the outcome is ours and not the failurePolicy's.
     let budget = request_timeout(uri.query(), app.limits.default_timeout) * 4 / 5;
-    let decision = match tokio::time::timeout(budget, webhook::decide(&app.state, webhook, &req)).await
+    let decision = match tokio::time::timeout(budget, webhook::decide(&app.state, webhook, &req))
+        .await
     {
         Ok(d) => d,
         Err(_) => Decision::deny(
@@ -394,18 +406,18 @@ pub async fn run(
         let service = service.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
             let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             let svc = TowerToHyperService::new(service);
             let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -424,7 +436,10 @@ pub async fn run(
     tracing::info!("listener closed; draining in-flight requests");
     match tokio::time::timeout(drain_timeout, graceful.shutdown()).await {
         Ok(()) => tracing::info!("all connections drained"),
-        Err(_) => tracing::warn!(?drain_timeout, "drain timed out; closing remaining connections"),
+        Err(_) => tracing::warn!(
+            ?drain_timeout,
+            "drain timed out; closing remaining connections"
+        ),
     }
 }
 
@@ -471,9 +486,18 @@ mod tests {
     #[test]
     fn parses_the_api_servers_timeout() {
         let d = Duration::from_secs(10);
-        assert_eq!(request_timeout(Some("timeout=5s"), d), Duration::from_secs(5));
-        assert_eq!(request_timeout(Some("a=b&timeout=1m0s"), d), Duration::from_secs(60));
-        assert_eq!(request_timeout(Some("timeout=250ms"), d), Duration::from_millis(250));
+        assert_eq!(
+            request_timeout(Some("timeout=5s"), d),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            request_timeout(Some("a=b&timeout=1m0s"), d),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            request_timeout(Some("timeout=250ms"), d),
+            Duration::from_millis(250)
+        );
         assert_eq!(request_timeout(Some("timeout=bogus"), d), d);
         assert_eq!(request_timeout(Some("timeout="), d), d);
         assert_eq!(request_timeout(None, d), d);

@@ -73,9 +73,15 @@ pub fn certified_key(
 /// Where the serving certificate comes from.
 #[derive(Debug, Clone)]
 pub enum CertSource {
-    Files { cert: PathBuf, key: PathBuf },
+    Files {
+        cert: PathBuf,
+        key: PathBuf,
+    },
     /// Generated at start-up (the embedded default); never changes.
-    Generated { cert_pem: String, key_pem: String },
+    Generated {
+        cert_pem: String,
+        key_pem: String,
+    },
 }
 
 /// The certificate being served, swapped atomically when the files change.
@@ -88,7 +94,9 @@ pub struct CertStore {
 
 impl std::fmt::Debug for CertStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertStore").field("source", &self.source).finish()
+        f.debug_struct("CertStore")
+            .field("source", &self.source)
+            .finish()
     }
 }
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
 
 use crate::policy::sync_finalizer::NamespaceMeta;
 use crate::state::State;

@@ -112,13 +112,21 @@ mod tests {
 
         std::fs::write(dir.path().join("b.yaml"), "metadata: {name: x}\n").unwrap();
         let err = load_dir(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("b.yaml (document 1)") && err.contains("`kind`"), "{err}");
+        assert!(
+            err.contains("b.yaml (document 1)") && err.contains("`kind`"),
+            "{err}"
+        );
 
         std::fs::write(dir.path().join("b.yaml"), "kind: [\n").unwrap();
         let err = load_dir(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("b.yaml") && err.contains("not valid YAML"), "{err}");
+        assert!(
+            err.contains("b.yaml") && err.contains("not valid YAML"),
+            "{err}"
+        );
 
-        let err = load_dir(&dir.path().join("missing")).unwrap_err().to_string();
+        let err = load_dir(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("missing"), "{err}");
     }
 }

@@ -202,7 +202,9 @@ impl FakeApi {
     /// ADDED or MODIFIED watch event. A namespaced object without
     /// `metadata.namespace` goes to `default`. Panics on an unknown apiVersion/kind.
     pub fn put(&self, obj: Value) {
-        let api_version = obj["apiVersion"].as_str().expect("FakeApi::put: apiVersion");
+        let api_version = obj["apiVersion"]
+            .as_str()
+            .expect("FakeApi::put: apiVersion");
         let kind = obj["kind"].as_str().expect("FakeApi::put: kind");
         let res = expect_kind(api_version, kind);
         self.inner.lock().put(res, obj);
@@ -443,15 +445,21 @@ impl Store {
         let key = (res, ns, name);
         let old = self.objects.get(&key).cloned();
         let generation = match &old {
-            Some(old) => {
-                generation_of(old) + i64::from(spec_of(old) != spec_of(&obj))
-            }
+            Some(old) => generation_of(old) + i64::from(spec_of(old) != spec_of(&obj)),
             None => 1,
         };
-        let old_meta = old.as_ref().map(|o| o["metadata"].clone()).unwrap_or(Value::Null);
+        let old_meta = old
+            .as_ref()
+            .map(|o| o["metadata"].clone())
+            .unwrap_or(Value::Null);
         let m = meta_mut(&mut obj);
-        if m.get("uid").and_then(Value::as_str).is_none_or(str::is_empty) {
-            let uid = old_meta["uid"].as_str().map_or_else(new_uid, str::to_string);
+        if m.get("uid")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            let uid = old_meta["uid"]
+                .as_str()
+                .map_or_else(new_uid, str::to_string);
             m.insert("uid".into(), json!(uid));
         }
         if !m.contains_key("creationTimestamp") {
@@ -493,9 +501,7 @@ impl Store {
                 ));
             }
             if self.require_namespaces
-                && !self
-                    .objects
-                    .contains_key(&key(namespace_res(), None, ns))
+                && !self.objects.contains_key(&key(namespace_res(), None, ns))
             {
                 return Err(ApiError::not_found(namespace_res(), ns));
             }
@@ -636,7 +642,11 @@ impl Store {
             && new["metadata"]["finalizers"]
                 .as_array()
                 .is_none_or(Vec::is_empty);
-        let key = key(res, meta_str(&new, "namespace"), meta_str(&new, "name").unwrap_or(""));
+        let key = key(
+            res,
+            meta_str(&new, "namespace"),
+            meta_str(&new, "name").unwrap_or(""),
+        );
         Ok(self.commit(key, new, finalized))
     }
 
@@ -944,7 +954,10 @@ fn render(obj: &Value, meta_only: bool) -> Value {
 fn list_body(res: usize, items: Vec<Value>, rv: u64, meta_only: bool) -> Value {
     let rt = &RESOURCES[res];
     let (api_version, kind) = if meta_only {
-        ("meta.k8s.io/v1".to_string(), "PartialObjectMetadataList".to_string())
+        (
+            "meta.k8s.io/v1".to_string(),
+            "PartialObjectMetadataList".to_string(),
+        )
     } else {
         (rt.api_version(), format!("{}List", rt.kind))
     };
@@ -1041,7 +1054,9 @@ impl PatchKind {
             other => Err(ApiError::new(
                 415,
                 "UnsupportedMediaType",
-                format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {other:?})"),
+                format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {other:?})"
+                ),
             )),
         }
     }
@@ -1167,7 +1182,9 @@ fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), String> {
         .ok_or("a JSON patch must be an array of operations")?;
     for op in ops {
         let name = op["op"].as_str().ok_or("JSON patch operation without op")?;
-        let path_str = op["path"].as_str().ok_or("JSON patch operation without path")?;
+        let path_str = op["path"]
+            .as_str()
+            .ok_or("JSON patch operation without path")?;
         let path = parse_pointer(path_str)?;
         let value = || {
             op.get("value")
@@ -1421,13 +1438,21 @@ impl ApiError {
     }
 
     fn no_route() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource")
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
     }
 
     fn already_exists(res: usize, name: &str) -> Self {
         let q = RESOURCES[res].qualified();
-        Self::new(409, "AlreadyExists", format!("{q} \"{name}\" already exists"))
-            .with_details(res, name)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{q} \"{name}\" already exists"),
+        )
+        .with_details(res, name)
     }
 
     fn conflict(res: usize, name: &str, why: &str) -> Self {
@@ -1516,8 +1541,10 @@ fn percent_decode(s: &str) -> String {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%'
-            && i + 2 < bytes.len() + 0
-            && let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+            && i + 2 < bytes.len()
+            && let Some(b) = std::str::from_utf8(&bytes[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
         {
             out.push(b);
             i += 3;
@@ -2014,9 +2041,9 @@ fn watch_response(
             st.pending.push_back(line);
         }
     } else {
-        let rv: u64 = rv_param.parse().map_err(|_| {
-            ApiError::bad_request(format!("invalid resourceVersion {rv_param:?}"))
-        })?;
+        let rv: u64 = rv_param
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv_param:?}")))?;
         if rv < store.compacted {
             st.expired(rv, store.compacted);
         }

@@ -1,1 +1,2 @@
 pub mod fake_api;
+pub mod https;

@@ -1,0 +1,225 @@
+//! The `handoff` binary as an operator runs it: `review`, `certs`, and start-up errors.
+
+mod support;
+
+use std::process::{Command, Stdio};
+
+use support::https::fixtures_dir;
+
+fn handoff() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_handoff"))
+}
+
+fn run(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.stdin(Stdio::null()).output().expect("run handoff");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn review_decides_a_file_against_state() {
+    let state = fixtures_dir().join("state");
+    let (ok, out, err) = run(handoff()
+        .arg("review")
+        .arg(fixtures_dir().join("delete-configmap-by-syncer.json"))
+        .arg("--state")
+        .arg(&state));
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["response"]["uid"], "6e85bb16-2464-4ebb-a694-e67c44bacb81");
+    assert_eq!(v["response"]["allowed"], false);
+
+    let (ok, out, err) = run(handoff()
+        .arg("review")
+        .arg(fixtures_dir().join("delete-secret-by-admin.json"))
+        .arg("--state")
+        .arg(&state));
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+}
+
+#[test]
+fn review_reads_stdin() {
+    let body = std::fs::read(fixtures_dir().join("delete-namespace-by-syncer-1.json")).unwrap();
+    let mut child = handoff()
+        .args(["review", "--state"])
+        .arg(fixtures_dir().join("state"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(&body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["response"]["allowed"], false);
+    assert_eq!(
+        v["response"]["auditAnnotations"]["reason"],
+        "namespace-itself"
+    );
+}
+
+#[test]
+fn review_rejects_garbage_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("bad.json");
+    std::fs::write(&f, "{\"kind\":\"AdmissionReview\"}").unwrap();
+    let (ok, _, err) = run(handoff()
+        .arg("review")
+        .arg(&f)
+        .arg("--state")
+        .arg(fixtures_dir().join("state")));
+    assert!(!ok);
+    assert!(err.contains("apiVersion"), "{err}");
+}
+
+#[test]
+fn certs_writes_a_usable_pair_and_prints_the_ca_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("certs");
+    let (ok, out, err) = run(handoff()
+        .args([
+            "certs",
+            "--dns",
+            "handoff.example.svc",
+            "--ip",
+            "10.0.0.1",
+            "--out",
+        ])
+        .arg(&out_dir));
+    assert!(ok, "{err}");
+    use base64::Engine as _;
+    let bundle = base64::engine::general_purpose::STANDARD
+        .decode(out.trim())
+        .expect("caBundle is base64");
+    let ca = std::fs::read(out_dir.join("ca.crt")).unwrap();
+    assert_eq!(bundle, ca, "caBundle is the CA's PEM");
+    use std::os::unix::fs::PermissionsExt as _;
+    for key in ["tls.key", "ca.key"] {
+        let mode = std::fs::metadata(out_dir.join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{key} must not be readable by others");
+    }
+    let cert = std::fs::read(out_dir.join("tls.crt")).unwrap();
+    let key = std::fs::read(out_dir.join("tls.key")).unwrap();
+    handoff::server::tls::certified_key(&cert, &key, "tls.crt", "tls.key").expect("pair loads");
+}
+
+#[test]
+fn bad_flags_and_files_stop_start_up_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_cfg = dir.path().join("config.yaml");
+    std::fs::write(&bad_cfg, "syncTargets:\n- username: a\n  kye: x\n").unwrap();
+    let bad_state = dir.path().join("state");
+    std::fs::create_dir(&bad_state).unwrap();
+    std::fs::write(
+        bad_state.join("x.yaml"),
+        "apiVersion: v1\nkind: Namepsace\nmetadata: {name: a}\n",
+    )
+    .unwrap();
+    let missing = dir.path().join("missing.pem");
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    let good_state = fixtures_dir().join("state");
+    let cases: Vec<(Vec<std::ffi::OsString>, &str)> = vec![
+        (
+            vec!["serve".into(), "--listen".into(), "nope".into()],
+            "--listen",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--config".into(),
+                bad_cfg.clone().into(),
+            ],
+            "unknown field `kye`",
+        ),
+        (
+            vec!["serve".into(), "--state".into(), bad_state.clone().into()],
+            "kind \"Namepsace\"",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--tls-cert".into(),
+                missing.clone().into(),
+                "--tls-key".into(),
+                missing.clone().into(),
+            ],
+            "missing.pem",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--tls-cert".into(),
+                empty.clone().into(),
+                "--tls-key".into(),
+                empty.clone().into(),
+            ],
+            "holds no PEM certificate",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--tls-cert".into(),
+                empty.clone().into(),
+            ],
+            "--tls-key",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--queue-timeout".into(),
+                "soon".into(),
+            ],
+            "--queue-timeout",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--client-ca".into(),
+                empty.clone().into(),
+            ],
+            "client CA",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--kubeconfig".into(),
+                missing.clone().into(),
+            ],
+            "cannot be used with",
+        ),
+    ];
+    for (args, want) in cases {
+        let (ok, _, err) = run(handoff().args(&args));
+        assert!(!ok, "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: {want:?} not in {err}");
+    }
+}
