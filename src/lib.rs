@@ -8,3 +8,4 @@ pub mod policy;
 pub mod server;
 pub mod state;
 pub mod webhook;
+pub mod window;

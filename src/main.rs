@@ -45,6 +45,8 @@ enum Command {
     Review(ReviewArgs),
     /// Write a CA and a serving certificate, and print the caBundle.
     Certs(CertsArgs),
+    /// Print the MoveWindow CustomResourceDefinition (manifests/base/movewindow-crd.yaml).
+    Crd,
 }
 
 /// Where decisions read their state from.
@@ -172,6 +174,10 @@ fn main() -> std::process::ExitCode {
             Command::Serve(a) => serve(a).await,
             Command::Review(a) => review(a).await,
             Command::Certs(a) => certs_cmd(a),
+            Command::Crd => {
+                print!("{}", handoff::window::resource::crd_yaml());
+                Ok(())
+            }
         }
     });
     match result {

@@ -500,7 +500,10 @@ async fn metadata_watcher_feeds_a_reflector() {
         ))
         .await
         .unwrap();
-    let lines: Vec<Value> = lines.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert_eq!(lines[0]["type"], "ADDED");
     assert_eq!(lines[0]["object"]["kind"], "PartialObjectMetadata");

@@ -3,3 +3,5 @@
 
 pub mod identity;
 pub mod sync_finalizer;
+pub mod selector;
+pub mod move_window;

@@ -1724,7 +1724,7 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     inner.record(&method, &uri);
-    if inner.unavailable.load(Ordering::SeqCst) {
+    if inner.unavailable.load(Ordering::SeqCst) || inner.closed.load(Ordering::SeqCst) {
         return ApiError::new(
             503,
             "ServiceUnavailable",

@@ -1,0 +1,3 @@
+//! Move windows: the MoveWindow resource and the `handoff window` commands.
+
+pub mod resource;

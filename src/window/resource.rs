@@ -1,0 +1,182 @@
+//! The MoveWindow custom resource (`movewindows.handoff.dev/v1alpha1`, cluster-scoped).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::selector::{Selector, SelectorError};
+
+/// While `spec.state` is `Open`, every selected controller Deployment is pinned to zero
+/// replicas and the count it asked for is kept in `handoff.dev/replicas-before-move`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "handoff.dev",
+    version = "v1alpha1",
+    kind = "MoveWindow",
+    plural = "movewindows",
+    singular = "movewindow",
+    shortname = "mw",
+    status = "MoveWindowStatus",
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".spec.state"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#,
+    printcolumn = r#"{"name":"Pinned","type":"integer","jsonPath":".status.pinnedCount"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MoveWindowSpec {
+    /// `Open` pins the selected Deployments; `Closed` lets them run.
+    pub state: WindowState,
+    /// The controller Deployments to pin. Empty: Cluster API provider controllers
+    /// (`clusterctl.cluster.x-k8s.io`, `cluster.x-k8s.io/provider`, and
+    /// `clusterctl.cluster.x-k8s.io/core` not in cert-manager, inventory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_selector: Option<LabelSelector>,
+    /// Why the window is open, for whoever finds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// This cluster's role in the move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<MoveRole>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum WindowState {
+    Open,
+    Closed,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MoveRole {
+    Source,
+    Target,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MoveWindowStatus {
+    /// `Opening`, `Open` (every pinned pod gone), `Closing`, `Closed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// RFC 3339 time the window was opened by `handoff window open`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened_at: Option<String>,
+    /// RFC 3339 time its pods were all gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_gone_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_at: Option<String>,
+    /// Number of entries in `pinned` (for `kubectl get`).
+    #[serde(default)]
+    pub pinned_count: i32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<PinnedDeployment>,
+    /// The last step a `handoff window` command completed, for a re-run to read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_step: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedDeployment {
+    pub namespace: String,
+    pub name: String,
+    /// The count it will be restored to.
+    pub saved_replicas: i32,
+    /// Set once `close` has restored it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_at: Option<String>,
+    /// What `close` had to assume, if anything (a missing or unreadable annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The Cluster API provider controllers (DESIGN §1.2).
+pub fn default_deployment_selector() -> LabelSelector {
+    let req = |key: &str, operator: &str, values: Option<Vec<String>>| LabelSelectorRequirement {
+        key: key.to_string(),
+        operator: operator.to_string(),
+        values,
+    };
+    LabelSelector {
+        match_labels: None,
+        match_expressions: Some(vec![
+            req("clusterctl.cluster.x-k8s.io", "Exists", None),
+            req("cluster.x-k8s.io/provider", "Exists", None),
+            req(
+                "clusterctl.cluster.x-k8s.io/core",
+                "NotIn",
+                Some(vec!["cert-manager".into(), "inventory".into()]),
+            ),
+        ]),
+    }
+}
+
+impl MoveWindowSpec {
+    pub fn is_open(&self) -> bool {
+        self.state == WindowState::Open
+    }
+
+    /// The selector in force: the spec's, or the Cluster API default when it is empty.
+    pub fn selector(&self) -> Result<Selector, SelectorError> {
+        match &self.deployment_selector {
+            Some(s) if s.match_labels.as_ref().is_some_and(|m| !m.is_empty())
+                || s.match_expressions.as_ref().is_some_and(|m| !m.is_empty()) =>
+            {
+                Selector::from_label_selector(s)
+            }
+            _ => Selector::from_label_selector(&default_deployment_selector()),
+        }
+    }
+}
+
+/// The CRD as YAML, exactly as `manifests/base/movewindow-crd.yaml` holds it.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt as _;
+    let header = "# Generated by `handoff crd` from src/window/resource.rs; a test fails when they drift.\n";
+    format!(
+        "{header}{}",
+        serde_yaml::to_string(&MoveWindow::crd()).expect("the CRD serializes")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_selector_picks_capi_providers_only() {
+        let spec = MoveWindowSpec {
+            state: WindowState::Open,
+            deployment_selector: None,
+            reason: None,
+            role: None,
+        };
+        let sel = spec.selector().unwrap();
+        let l = |p: &[(&str, &str)]| {
+            p.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let core = l(&[
+            ("clusterctl.cluster.x-k8s.io", ""),
+            ("cluster.x-k8s.io/provider", "cluster-api"),
+        ]);
+        assert!(sel.matches(Some(&core)));
+        let cert_manager = l(&[
+            ("clusterctl.cluster.x-k8s.io", ""),
+            ("cluster.x-k8s.io/provider", "cert-manager"),
+            ("clusterctl.cluster.x-k8s.io/core", "cert-manager"),
+        ]);
+        assert!(!sel.matches(Some(&cert_manager)));
+        assert!(!sel.matches(Some(&l(&[("cluster.x-k8s.io/provider", "x")]))));
+        // An explicitly empty selector also means the default, never "everything".
+        let empty = MoveWindowSpec {
+            deployment_selector: Some(LabelSelector::default()),
+            ..spec
+        };
+        assert_eq!(empty.selector().unwrap(), sel);
+    }
+}
