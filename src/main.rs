@@ -10,6 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use handoff::config::ConfigFile;
+use handoff::policy::move_window::OwnDeployment;
 use handoff::server::metrics::Metrics;
 use handoff::server::tls::{CertSource, CertStore};
 use handoff::server::{self, App, Limits};
@@ -64,6 +65,9 @@ struct StateArgs {
     /// Config file: explicit sync-target identities, annotation domains, key schemes.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// handoff's own Deployment (NAMESPACE/NAME), never pinned by a MoveWindow.
+    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff", value_parser = own_deployment)]
+    own_deployment: OwnDeployment,
     /// How long a cache-miss lookup may wait for the API server before the guard denies.
     #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = duration)]
     api_timeout: Duration,
@@ -136,6 +140,18 @@ struct CertsArgs {
     /// Validity in days.
     #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=3650))]
     days: u32,
+}
+
+fn own_deployment(s: &str) -> Result<OwnDeployment, String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(OwnDeployment {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+            })
+        }
+        _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+    }
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -234,7 +250,8 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
     let client = kube_client(args).await?;
     let mut state = State::new(ids);
     state.api_timeout = args.api_timeout;
-    state.namespace_api = Some(kube::Api::all(client.clone()));
+    state.own = args.own_deployment.clone();
+    state.client = Some(client.clone());
     Ok((state, Some(client)))
 }
 

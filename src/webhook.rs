@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use crate::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use crate::policy::move_window::{self, ParentDeployment, PinRequest, PinTarget, PinVerdict};
 use crate::policy::sync_finalizer::{self, DeleteRequest, NamespaceState, Verdict};
-use crate::state::{NamespaceLookup, State};
+use crate::state::{DeploymentLookup, NamespaceLookup, State};
 
 /// The two webhooks, by their paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -29,7 +30,9 @@ impl Webhook {
         match req.operation {
             Operation::Delete => Some(Webhook::SyncFinalizer),
             Operation::Create | Operation::Update
-                if req.resource.group == "apps" && req.resource.resource == "deployments" =>
+                if req.resource.group == "apps"
+                    && req.resource.resource == "deployments"
+                    && matches!(req.sub_resource.as_deref(), None | Some("") | Some("scale")) =>
             {
                 Some(Webhook::MoveWindow)
             }
@@ -85,7 +88,81 @@ pub fn audit(verdict: &str, reason: &str) -> BTreeMap<String, String> {
 pub async fn decide(state: &State, webhook: Webhook, req: &AdmissionRequest) -> Decision {
     match webhook {
         Webhook::SyncFinalizer => decide_sync_finalizer(state, req).await,
-        Webhook::MoveWindow => Decision::allow(req, "no-open-window"),
+        Webhook::MoveWindow => decide_move_window(state, req).await,
+    }
+}
+
+async fn decide_move_window(state: &State, req: &AdmissionRequest) -> Decision {
+    let is_deployments = req.resource.group == "apps" && req.resource.resource == "deployments";
+    let sub = req.sub_resource.as_deref().unwrap_or("");
+    let scale = match (is_deployments, sub, req.operation) {
+        (true, "", Operation::Create | Operation::Update) => false,
+        (true, "scale", Operation::Update) => true,
+        _ => return Decision::allow(req, "not-applicable"),
+    };
+    let windows = state.windows.open();
+    if windows.is_empty() {
+        return Decision::allow(req, "no-open-window");
+    }
+    let Some(object) = req.object.as_ref() else {
+        return Decision::deny(
+            req,
+            "no-object",
+            format!(
+                "{} of {} carries no object to pin",
+                req.operation.as_str(),
+                req.resource_path()
+            ),
+        );
+    };
+    let namespace = req
+        .namespace
+        .as_deref()
+        .or(object.metadata.namespace.as_deref())
+        .unwrap_or("");
+    let name = req.object_name().unwrap_or("");
+    let lookup;
+    let target = if scale {
+        lookup = state.deployment(namespace, name).await;
+        let parent = match &lookup {
+            DeploymentLookup::Known(d) => ParentDeployment::Known {
+                labels: d.labels.as_ref(),
+                annotations: d.annotations.as_ref(),
+            },
+            DeploymentLookup::Missing => ParentDeployment::Missing,
+            DeploymentLookup::Unavailable(why) => ParentDeployment::Unavailable(why),
+        };
+        PinTarget::Scale { object, parent }
+    } else {
+        PinTarget::Deployment {
+            object,
+            old_object: req.old_object.as_ref(),
+        }
+    };
+    let pin = PinRequest {
+        namespace,
+        name,
+        target,
+    };
+    match move_window::decide(&pin, &windows, &state.own) {
+        PinVerdict::Allow(reason) => Decision::allow(req, reason),
+        PinVerdict::Deny { reason, message } => Decision::deny(req, reason, message),
+        PinVerdict::Pin {
+            ops,
+            warning,
+            reason,
+            ..
+        } => {
+            let mut response = AdmissionResponse::allow(&req.uid).with_patch(&ops);
+            response.warnings.push(warning.clone());
+            response.audit_annotations = audit("pin", reason);
+            Decision {
+                response,
+                verdict: "patch",
+                reason,
+                detail: warning,
+            }
+        }
     }
 }
 

@@ -156,9 +156,12 @@ pub fn health_router() -> Router<App> {
         .route(
             "/metrics",
             get(|AxState(app): AxState<App>| async move {
-                app.metrics
-                    .namespaces
-                    .set(app.state.namespaces.len() as i64);
+                let m = &app.metrics;
+                let windows = app.state.windows.open();
+                m.namespaces.set(app.state.namespaces.len() as i64);
+                m.open_windows.set(windows.len() as i64);
+                m.pinned_deployments
+                    .set(app.state.deployments.count_selected(&windows) as i64);
                 (
                     [(
                         header::CONTENT_TYPE,

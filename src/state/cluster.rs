@@ -1,25 +1,46 @@
 //! Feeding the caches from a cluster with kube-rs watches.
 
+use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::StreamExt as _;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
+use serde::de::DeserializeOwned;
 
 use crate::policy::sync_finalizer::NamespaceMeta;
 use crate::state::State;
+use crate::state::windows::DeploymentMeta;
+use crate::window::resource::MoveWindow;
 
-/// Keep `state.namespaces` in step with the cluster until the process ends. A metadata-only
-/// watch: the guard reads annotations only, and the API server sends far less.
-pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
-    let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
+/// Run one watch until the process ends, handing every event to `on_event`. Errors are logged
+/// and retried with kube-runtime's backoff; the caches keep their last view meanwhile.
+async fn run<K>(api: Api<K>, what: &'static str, on_event: impl Fn(Event<K>))
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
     let mut events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
-    let cache = &state.namespaces;
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(Event::InitDone) => {
+                on_event(Event::InitDone);
+                tracing::info!(watch = what, "cache synced");
+            }
+            Ok(e) => on_event(e),
+            Err(e) => tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff"),
+        }
+    }
+}
+
+/// Namespaces, metadata only: the guard reads annotations, and the API server sends far less.
+pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
     let meta = |o: &PartialObjectMeta<Namespace>| {
         NamespaceMeta::from_annotations(
             o.metadata.name.as_deref().unwrap_or_default(),
@@ -27,17 +48,65 @@ pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
             &state.ids,
         )
     };
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(Event::Init) => cache.begin_relist(),
-            Ok(Event::InitApply(o)) => cache.relist_apply(meta(&o)),
-            Ok(Event::InitDone) => {
-                cache.end_relist();
-                tracing::info!(namespaces = cache.len(), "namespace cache synced");
-            }
-            Ok(Event::Apply(o)) => cache.upsert(meta(&o)),
-            Ok(Event::Delete(o)) => cache.remove(o.metadata.name.as_deref().unwrap_or_default()),
-            Err(e) => tracing::warn!(error = %e, "namespace watch failed; retrying with backoff"),
+    let cache = &state.namespaces;
+    run(api, "namespaces", |ev| match ev {
+        Event::Init => cache.begin_relist(),
+        Event::InitApply(o) => cache.relist_apply(meta(&o)),
+        Event::InitDone => cache.end_relist(),
+        Event::Apply(o) => cache.upsert(meta(&o)),
+        Event::Delete(o) => cache.remove(o.metadata.name.as_deref().unwrap_or_default()),
+    })
+    .await
+}
+
+/// MoveWindows: the pin's on/off switch.
+pub async fn watch_windows(client: kube::Client, state: Arc<State>) {
+    let api: Api<MoveWindow> = Api::all(client);
+    let cache = &state.windows;
+    run(api, "movewindows", |ev| match ev {
+        Event::Init => cache.begin_relist(),
+        Event::InitApply(w) => cache.relist_apply(&w),
+        Event::InitDone => cache.end_relist(),
+        Event::Apply(w) => cache.upsert(&w),
+        Event::Delete(w) => cache.remove(w.metadata.name.as_deref().unwrap_or_default()),
+    })
+    .await
+}
+
+/// Deployments, metadata only: labels say whether a window selects the parent of a scale
+/// request, and the annotation says what it will be restored to.
+pub async fn watch_deployments(client: kube::Client, state: Arc<State>) {
+    let api: Api<PartialObjectMeta<Deployment>> = Api::all(client);
+    let cache = &state.deployments;
+    let parts = |d: &PartialObjectMeta<Deployment>| {
+        (
+            d.metadata.namespace.clone().unwrap_or_default(),
+            d.metadata.name.clone().unwrap_or_default(),
+            DeploymentMeta::new(d.metadata.labels.as_ref(), d.metadata.annotations.as_ref()),
+        )
+    };
+    run(api, "deployments", |ev| match ev {
+        Event::Init => cache.begin_relist(),
+        Event::InitApply(d) => {
+            let (ns, name, meta) = parts(&d);
+            cache.relist_apply(&ns, &name, meta)
         }
-    }
+        Event::InitDone => cache.end_relist(),
+        Event::Apply(d) => {
+            let (ns, name, meta) = parts(&d);
+            cache.upsert(&ns, &name, meta)
+        }
+        Event::Delete(d) => cache.remove(
+            d.metadata.namespace.as_deref().unwrap_or_default(),
+            d.metadata.name.as_deref().unwrap_or_default(),
+        ),
+    })
+    .await
+}
+
+/// Start every watch the webhooks need.
+pub fn spawn_watches(client: kube::Client, state: Arc<State>) {
+    tokio::spawn(watch_namespaces(client.clone(), state.clone()));
+    tokio::spawn(watch_windows(client.clone(), state.clone()));
+    tokio::spawn(watch_deployments(client, state));
 }

@@ -3,16 +3,22 @@
 pub mod cluster;
 pub mod files;
 pub mod namespaces;
+pub mod windows;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
+use kube::core::PartialObjectMeta;
 
 use crate::policy::identity::Identities;
+use crate::policy::move_window::OwnDeployment;
 use crate::policy::sync_finalizer::NamespaceMeta;
+use crate::window::resource::MoveWindow;
 use namespaces::{CacheEntry, NamespaceCache};
+use windows::{DeploymentCache, DeploymentMeta, WindowCache};
 
 /// What a decision learnt about a namespace; owned, so the request can hold it across awaits.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,13 +29,25 @@ pub enum NamespaceLookup {
     Unavailable(String),
 }
 
+/// What a decision learnt about the Deployment behind a scale request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeploymentLookup {
+    Known(Arc<DeploymentMeta>),
+    Missing,
+    Unavailable(String),
+}
+
 /// Everything the webhooks read, shared by all requests.
 pub struct State {
     pub ids: Identities,
     pub namespaces: NamespaceCache,
-    /// Set when state comes from a cluster: asked once when the cache misses a namespace.
-    pub namespace_api: Option<kube::Api<Namespace>>,
-    /// How long a cache-miss fetch may take before the guard gives up and denies.
+    /// Set when state comes from a cluster: asked once when a cache misses an object.
+    pub client: Option<kube::Client>,
+    pub windows: WindowCache,
+    pub deployments: DeploymentCache,
+    /// handoff's own Deployment, never pinned.
+    pub own: OwnDeployment,
+    /// How long a cache-miss fetch may take before the decision gives up and denies.
     pub api_timeout: Duration,
 }
 
@@ -38,7 +56,13 @@ impl State {
         State {
             ids,
             namespaces: NamespaceCache::default(),
-            namespace_api: None,
+            client: None,
+            windows: WindowCache::default(),
+            deployments: DeploymentCache::default(),
+            own: OwnDeployment {
+                namespace: "handoff-system".into(),
+                name: "handoff".into(),
+            },
             api_timeout: Duration::from_secs(3),
         }
     }
@@ -49,6 +73,8 @@ impl State {
         let state = State::new(ids);
         let docs = files::load_dir(dir)?;
         let mut metas = Vec::new();
+        let mut windows = Vec::new();
+        state.deployments.begin_relist();
         for doc in &docs {
             match doc.kind.as_str() {
                 "Namespace" => {
@@ -63,13 +89,44 @@ impl State {
                         &state.ids,
                     ));
                 }
+                "MoveWindow" => {
+                    let w: MoveWindow = doc.parse()?;
+                    if w.metadata.name.as_deref().unwrap_or("").is_empty() {
+                        anyhow::bail!("{}: MoveWindow has no metadata.name", doc.place());
+                    }
+                    w.spec
+                        .selector()
+                        .map_err(|e| anyhow::anyhow!("{}: spec.deploymentSelector: {e}", doc.place()))?;
+                    windows.push(w);
+                }
+                "Deployment" => {
+                    let d: Deployment = doc.parse()?;
+                    let (Some(ns), Some(name)) =
+                        (d.metadata.namespace.as_deref(), d.metadata.name.as_deref())
+                    else {
+                        anyhow::bail!(
+                            "{}: Deployment needs metadata.namespace and metadata.name",
+                            doc.place()
+                        );
+                    };
+                    state.deployments.relist_apply(
+                        ns,
+                        name,
+                        DeploymentMeta::new(
+                            d.metadata.labels.as_ref(),
+                            d.metadata.annotations.as_ref(),
+                        ),
+                    );
+                }
                 other => anyhow::bail!(
-                    "{}: kind {other:?} is not one handoff reads from --state (Namespace)",
+                    "{}: kind {other:?} is not one handoff reads from --state (Namespace, MoveWindow, Deployment)",
                     doc.place()
                 ),
             }
         }
         state.namespaces.replace_all(metas);
+        state.windows.replace_all(&windows);
+        state.deployments.end_relist();
         Ok(state)
     }
 
@@ -80,9 +137,10 @@ impl State {
             CacheEntry::Plain => return NamespaceLookup::Plain,
             CacheEntry::Unknown => {}
         }
-        let Some(api) = self.namespace_api.as_ref() else {
+        let Some(client) = self.client.clone() else {
             return NamespaceLookup::Plain;
         };
+        let api = kube::Api::<Namespace>::all(client);
         match tokio::time::timeout(self.api_timeout, api.get_metadata_opt(name)).await {
             Err(_) => NamespaceLookup::Unavailable(format!(
                 "the API server did not answer within {:?}",
@@ -106,7 +164,32 @@ impl State {
         }
     }
 
+    /// The Deployment behind a scale request: from the cache, or asked of the API once.
+    pub async fn deployment(&self, namespace: &str, name: &str) -> DeploymentLookup {
+        if let Some(d) = self.deployments.get(namespace, name) {
+            return DeploymentLookup::Known(d);
+        }
+        let Some(client) = self.client.clone() else {
+            return DeploymentLookup::Missing;
+        };
+        let api = kube::Api::<PartialObjectMeta<Deployment>>::namespaced(client, namespace);
+        match tokio::time::timeout(self.api_timeout, api.get_opt(name)).await {
+            Err(_) => DeploymentLookup::Unavailable(format!(
+                "the API server did not answer within {:?}",
+                self.api_timeout
+            )),
+            Ok(Err(e)) => DeploymentLookup::Unavailable(format!("the API server said: {e}")),
+            Ok(Ok(None)) => DeploymentLookup::Missing,
+            Ok(Ok(Some(d))) => {
+                let meta = DeploymentMeta::new(d.metadata.labels.as_ref(), d.metadata.annotations.as_ref());
+                self.deployments.upsert(namespace, name, meta.clone());
+                DeploymentLookup::Known(Arc::new(meta))
+            }
+        }
+    }
+
+    /// Ready once every cache has seen its first full list.
     pub fn is_synced(&self) -> bool {
-        self.namespaces.is_synced()
+        self.namespaces.is_synced() && self.windows.is_synced() && self.deployments.is_synced()
     }
 }

@@ -1,0 +1,194 @@
+//! Open MoveWindows and the Deployments they may select, as the pin reads them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::policy::move_window::{OpenWindow, SAVED_REPLICAS_ANNOTATION};
+use crate::window::resource::MoveWindow;
+
+/// Every MoveWindow by name; the open ones compiled for the pin.
+#[derive(Default)]
+pub struct WindowCache {
+    all: RwLock<BTreeMap<String, Option<OpenWindow>>>,
+    /// Rebuilt on every change so a request takes one `Arc` clone, no lock held while deciding.
+    open: RwLock<Arc<Vec<OpenWindow>>>,
+    relist: RwLock<Option<BTreeMap<String, Option<OpenWindow>>>>,
+    synced: AtomicBool,
+}
+
+fn compile(w: &MoveWindow) -> Option<OpenWindow> {
+    let name = w.metadata.name.clone().unwrap_or_default();
+    if !w.spec.is_open() {
+        return None;
+    }
+    match w.spec.selector() {
+        Ok(selector) => Some(OpenWindow { name, selector }),
+        Err(e) => {
+            tracing::error!(window = %name, error = %e, "open MoveWindow has an invalid deploymentSelector; it pins nothing until fixed");
+            None
+        }
+    }
+}
+
+impl WindowCache {
+    pub fn open(&self) -> Arc<Vec<OpenWindow>> {
+        self.open.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn publish(&self, all: &BTreeMap<String, Option<OpenWindow>>) {
+        let open: Vec<OpenWindow> = all.values().flatten().cloned().collect();
+        *self.open.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(open);
+    }
+
+    pub fn upsert(&self, w: &MoveWindow) {
+        let mut all = self.all.write().unwrap_or_else(|e| e.into_inner());
+        all.insert(w.metadata.name.clone().unwrap_or_default(), compile(w));
+        self.publish(&all);
+    }
+
+    pub fn remove(&self, name: &str) {
+        let mut all = self.all.write().unwrap_or_else(|e| e.into_inner());
+        all.remove(name);
+        self.publish(&all);
+    }
+
+    pub fn begin_relist(&self) {
+        *self.relist.write().unwrap_or_else(|e| e.into_inner()) = Some(BTreeMap::new());
+    }
+
+    pub fn relist_apply(&self, w: &MoveWindow) {
+        let mut relist = self.relist.write().unwrap_or_else(|e| e.into_inner());
+        match relist.as_mut() {
+            Some(buf) => {
+                buf.insert(w.metadata.name.clone().unwrap_or_default(), compile(w));
+            }
+            None => {
+                drop(relist);
+                self.upsert(w);
+            }
+        }
+    }
+
+    pub fn end_relist(&self) {
+        if let Some(buf) = self.relist.write().unwrap_or_else(|e| e.into_inner()).take() {
+            let mut all = self.all.write().unwrap_or_else(|e| e.into_inner());
+            *all = buf;
+            self.publish(&all);
+        }
+        self.synced.store(true, Ordering::Release);
+    }
+
+    pub fn replace_all<'a>(&self, windows: impl IntoIterator<Item = &'a MoveWindow>) {
+        self.begin_relist();
+        for w in windows {
+            self.relist_apply(w);
+        }
+        self.end_relist();
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+}
+
+/// What the pin keeps of a Deployment: its labels and its saved count.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DeploymentMeta {
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Only `handoff.dev/replicas-before-move`, when present.
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+impl DeploymentMeta {
+    pub fn new(
+        labels: Option<&BTreeMap<String, String>>,
+        annotations: Option<&BTreeMap<String, String>>,
+    ) -> Self {
+        DeploymentMeta {
+            labels: labels.filter(|l| !l.is_empty()).cloned(),
+            annotations: annotations
+                .and_then(|a| a.get(SAVED_REPLICAS_ANNOTATION))
+                .map(|v| BTreeMap::from([(SAVED_REPLICAS_ANNOTATION.to_string(), v.clone())])),
+        }
+    }
+}
+
+type DeploymentKey = (Box<str>, Box<str>);
+
+/// Deployments by namespace and name, for resolving the parent of a scale request.
+#[derive(Default)]
+pub struct DeploymentCache {
+    map: RwLock<HashMap<DeploymentKey, Arc<DeploymentMeta>>>,
+    relist: RwLock<Option<HashMap<DeploymentKey, Arc<DeploymentMeta>>>>,
+    synced: AtomicBool,
+}
+
+fn key(ns: &str, name: &str) -> DeploymentKey {
+    (ns.into(), name.into())
+}
+
+impl DeploymentCache {
+    pub fn get(&self, ns: &str, name: &str) -> Option<Arc<DeploymentMeta>> {
+        self.map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key(ns, name))
+            .cloned()
+    }
+
+    pub fn upsert(&self, ns: &str, name: &str, meta: DeploymentMeta) {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key(ns, name), Arc::new(meta));
+    }
+
+    pub fn remove(&self, ns: &str, name: &str) {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key(ns, name));
+    }
+
+    pub fn begin_relist(&self) {
+        *self.relist.write().unwrap_or_else(|e| e.into_inner()) = Some(HashMap::new());
+    }
+
+    pub fn relist_apply(&self, ns: &str, name: &str, meta: DeploymentMeta) {
+        let mut relist = self.relist.write().unwrap_or_else(|e| e.into_inner());
+        match relist.as_mut() {
+            Some(buf) => {
+                buf.insert(key(ns, name), Arc::new(meta));
+            }
+            None => {
+                drop(relist);
+                self.upsert(ns, name, meta);
+            }
+        }
+    }
+
+    pub fn end_relist(&self) {
+        if let Some(buf) = self.relist.write().unwrap_or_else(|e| e.into_inner()).take() {
+            *self.map.write().unwrap_or_else(|e| e.into_inner()) = buf;
+        }
+        self.synced.store(true, Ordering::Release);
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// How many Deployments the open windows select now (for the metrics gauge).
+    pub fn count_selected(&self, windows: &[OpenWindow]) -> usize {
+        if windows.is_empty() {
+            return 0;
+        }
+        self.map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|d| windows.iter().any(|w| w.selector.matches(d.labels.as_ref())))
+            .count()
+    }
+}
