@@ -61,17 +61,62 @@ fn patched(review: &serde_json::Value, response: &serde_json::Value) -> serde_js
 /// (fixture, replicas after, saved count after, restore count in the warning)
 const PINNED: &[(&str, i64, Option<&str>, &str)] = &[
     ("create-deployment-capi.json", 0, Some("1"), "restored to 1"),
-    ("create-deployment-dryrun.json", 0, Some("1"), "restored to 1"),
-    ("apply-deployment-client-side.json", 0, Some("2"), "restored to 2"),
-    ("apply-deployment-server-side-1.json", 0, Some("3"), "restored to 3"),
-    ("apply-deployment-server-side-2.json", 0, Some("3"), "restored to 3"),
-    ("apply-deployment-server-side-3.json", 0, Some("3"), "restored to 3"),
-    ("apply-deployment-server-side-4.json", 0, Some("3"), "restored to 3"),
-    ("apply-deployment-server-side-5.json", 0, Some("3"), "restored to 3"),
-    ("patch-deployment-annotate.json", 0, Some("5"), "restored to 5"),
+    (
+        "create-deployment-dryrun.json",
+        0,
+        Some("1"),
+        "restored to 1",
+    ),
+    (
+        "apply-deployment-client-side.json",
+        0,
+        Some("2"),
+        "restored to 2",
+    ),
+    (
+        "apply-deployment-server-side-1.json",
+        0,
+        Some("3"),
+        "restored to 3",
+    ),
+    (
+        "apply-deployment-server-side-2.json",
+        0,
+        Some("3"),
+        "restored to 3",
+    ),
+    (
+        "apply-deployment-server-side-3.json",
+        0,
+        Some("3"),
+        "restored to 3",
+    ),
+    (
+        "apply-deployment-server-side-4.json",
+        0,
+        Some("3"),
+        "restored to 3",
+    ),
+    (
+        "apply-deployment-server-side-5.json",
+        0,
+        Some("3"),
+        "restored to 3",
+    ),
+    (
+        "patch-deployment-annotate.json",
+        0,
+        Some("5"),
+        "restored to 5",
+    ),
     // A Scale cannot carry the annotation: it is pinned, and the parent's saved 3 stands.
     ("scale-deployment.json", 0, None, "restored to 3"),
-    ("scale-deployment-preconditions.json", 0, None, "restored to 3"),
+    (
+        "scale-deployment-preconditions.json",
+        0,
+        None,
+        "restored to 3",
+    ),
 ];
 
 #[tokio::test]
@@ -89,26 +134,44 @@ async fn recorded_writes_are_pinned_and_idempotent() {
             assert_eq!(r["uid"], review["request"]["uid"], "{file}");
             assert_eq!(r["allowed"], true, "{file}");
             let obj = patched(&review, r);
-            assert_eq!(obj["spec"]["replicas"], *replicas, "{file} {proto:?}: {obj}");
-            assert_eq!(obj["metadata"]["annotations"][SAVED].as_str(), *saved, "{file}");
+            assert_eq!(
+                obj["spec"]["replicas"], *replicas,
+                "{file} {proto:?}: {obj}"
+            );
+            assert_eq!(
+                obj["metadata"]["annotations"][SAVED].as_str(),
+                *saved,
+                "{file}"
+            );
             let warnings = r["warnings"].as_array().expect("a warning kubectl shows");
             let w = warnings[0].as_str().unwrap();
-            assert!(w.contains("MoveWindow \"capi-move\"") && w.contains(restore), "{file}: {w}");
+            assert!(
+                w.contains("MoveWindow \"capi-move\"") && w.contains(restore),
+                "{file}: {w}"
+            );
             assert_eq!(r["auditAnnotations"]["decision"], "pin", "{file}");
             // Other annotations survive (the map was added to, not replaced).
             if let Some(a) = review["request"]["object"]["metadata"]["annotations"].as_object() {
                 for k in a.keys() {
-                    assert!(obj["metadata"]["annotations"].get(k).is_some(), "{file}: lost {k}");
+                    assert!(
+                        obj["metadata"]["annotations"].get(k).is_some(),
+                        "{file}: lost {k}"
+                    );
                 }
             }
 
             // The API server may call again with the mutated object: nothing more to patch.
             let mut again = review.clone();
             again["request"]["object"] = obj.clone();
-            let reply = client.review(PATH, serde_json::to_vec(&again).unwrap()).await;
+            let reply = client
+                .review(PATH, serde_json::to_vec(&again).unwrap())
+                .await;
             let r2 = &reply.json()["response"];
             assert_eq!(r2["allowed"], true);
-            assert!(r2.get("patch").is_none(), "{file}: second call patched: {r2}");
+            assert!(
+                r2.get("patch").is_none(),
+                "{file}: second call patched: {r2}"
+            );
         }
     }
     server.stop().await;
@@ -124,7 +187,9 @@ async fn a_dropped_annotation_is_carried_over_from_old_object() {
     review["request"]["object"]["spec"]["replicas"] = 0.into();
     review["request"]["oldObject"]["spec"]["replicas"] = 0.into();
     review["request"]["oldObject"]["metadata"]["annotations"][SAVED] = "7".into();
-    let reply = client.review(PATH, serde_json::to_vec(&review).unwrap()).await;
+    let reply = client
+        .review(PATH, serde_json::to_vec(&review).unwrap())
+        .await;
     let r = &reply.json()["response"];
     let obj = patched(&review, r);
     assert_eq!(obj["spec"]["replicas"], 0);
@@ -143,7 +208,10 @@ async fn no_open_window_no_patch() {
             let reply = client.review(PATH, fixture(file)).await;
             let r = &reply.json()["response"];
             assert_eq!(r["allowed"], true, "{file}");
-            assert!(r.get("patch").is_none() && r.get("warnings").is_none(), "{file}: {r}");
+            assert!(
+                r.get("patch").is_none() && r.get("warnings").is_none(),
+                "{file}: {r}"
+            );
         }
     }
     server.stop().await;
@@ -157,13 +225,23 @@ async fn own_deployment_and_unselected_deployments_pass() {
         serde_json::from_slice(&fixture("create-deployment-capi.json")).unwrap();
     review["request"]["namespace"] = "handoff-system".into();
     review["request"]["name"] = "handoff".into();
-    let r = client.review(PATH, serde_json::to_vec(&review).unwrap()).await;
-    assert!(r.json()["response"].get("patch").is_none(), "own Deployment pinned");
+    let r = client
+        .review(PATH, serde_json::to_vec(&review).unwrap())
+        .await;
+    assert!(
+        r.json()["response"].get("patch").is_none(),
+        "own Deployment pinned"
+    );
 
     let mut review: serde_json::Value =
         serde_json::from_slice(&fixture("create-deployment-capi.json")).unwrap();
     review["request"]["object"]["metadata"]["labels"] = serde_json::json!({"app": "web"});
-    let r = client.review(PATH, serde_json::to_vec(&review).unwrap()).await;
-    assert!(r.json()["response"].get("patch").is_none(), "unselected Deployment pinned");
+    let r = client
+        .review(PATH, serde_json::to_vec(&review).unwrap())
+        .await;
+    assert!(
+        r.json()["response"].get("patch").is_none(),
+        "unselected Deployment pinned"
+    );
     server.stop().await;
 }

@@ -2,6 +2,6 @@
 //! No I/O, no clocks, no caches; the edge (`crate::webhook`) gathers what they read.
 
 pub mod identity;
-pub mod sync_finalizer;
-pub mod selector;
 pub mod move_window;
+pub mod selector;
+pub mod sync_finalizer;

@@ -116,7 +116,10 @@ pub fn decide(req: &PinRequest<'_>, windows: &[OpenWindow], own: &OwnDeployment)
             else {
                 return PinVerdict::Allow("not-selected");
             };
-            let asked = object.spec.as_ref().map_or(Some(1), |s| s.replicas.or(Some(1)));
+            let asked = object
+                .spec
+                .as_ref()
+                .map_or(Some(1), |s| s.replicas.or(Some(1)));
             let asked = asked.unwrap_or(1);
             let saved = if asked == 0 {
                 // Asking for 0 while pinned is what every pinned write looks like; the count
@@ -204,7 +207,9 @@ pub fn decide(req: &PinRequest<'_>, windows: &[OpenWindow], own: &OwnDeployment)
                 }]
             };
             let asked_note = if asked > 0 && asked != restore_to.0 {
-                format!("; the {asked} asked for is not recorded (annotate {SAVED_REPLICAS_ANNOTATION} to change it)")
+                format!(
+                    "; the {asked} asked for is not recorded (annotate {SAVED_REPLICAS_ANNOTATION} to change it)"
+                )
             } else {
                 String::new()
             };
@@ -284,7 +289,9 @@ mod tests {
         }
         if let PinVerdict::Pin { ops, .. } = v {
             for op in ops {
-                let PatchOp::Add { path, value } = op else { panic!("{op:?}") };
+                let PatchOp::Add { path, value } = op else {
+                    panic!("{op:?}")
+                };
                 let (parent, last) = path.rsplit_once('/').unwrap();
                 let last = last.replace("~1", "/").replace("~0", "~");
                 json.pointer_mut(if parent.is_empty() { "" } else { parent })
@@ -306,16 +313,88 @@ mod tests {
     fn deployment_table() {
         // (case, replicas asked, annotation on object, annotation on oldObject, selected,
         //  want restore_to, want number of patch ops)
-        type Row = (&'static str, Option<i32>, Option<&'static str>, Option<&'static str>, bool, Option<i32>, usize);
+        type Row = (
+            &'static str,
+            Option<i32>,
+            Option<&'static str>,
+            Option<&'static str>,
+            bool,
+            Option<i32>,
+            usize,
+        );
         let rows: &[Row] = &[
-            ("create asks 3: pinned, 3 saved", Some(3), None, None, true, Some(3), 2),
-            ("create without replicas means 1", None, None, None, true, Some(1), 2),
-            ("update asks 5 over a saved 3: 5 saved", Some(5), Some("3"), Some("3"), true, Some(5), 2),
-            ("update asks 0 with annotation kept", Some(0), Some("3"), Some("3"), true, Some(3), 0),
-            ("update asks 0, client dropped the annotation: carried from oldObject", Some(0), None, Some("4"), true, Some(4), 1),
-            ("update asks 0, no saved count anywhere: 0", Some(0), None, None, true, Some(0), 1),
-            ("unreadable annotation with 0 asked falls back to oldObject", Some(0), Some("lots"), Some("2"), true, Some(2), 1),
-            ("not selected: untouched", Some(3), None, None, false, None, 0),
+            (
+                "create asks 3: pinned, 3 saved",
+                Some(3),
+                None,
+                None,
+                true,
+                Some(3),
+                2,
+            ),
+            (
+                "create without replicas means 1",
+                None,
+                None,
+                None,
+                true,
+                Some(1),
+                2,
+            ),
+            (
+                "update asks 5 over a saved 3: 5 saved",
+                Some(5),
+                Some("3"),
+                Some("3"),
+                true,
+                Some(5),
+                2,
+            ),
+            (
+                "update asks 0 with annotation kept",
+                Some(0),
+                Some("3"),
+                Some("3"),
+                true,
+                Some(3),
+                0,
+            ),
+            (
+                "update asks 0, client dropped the annotation: carried from oldObject",
+                Some(0),
+                None,
+                Some("4"),
+                true,
+                Some(4),
+                1,
+            ),
+            (
+                "update asks 0, no saved count anywhere: 0",
+                Some(0),
+                None,
+                None,
+                true,
+                Some(0),
+                1,
+            ),
+            (
+                "unreadable annotation with 0 asked falls back to oldObject",
+                Some(0),
+                Some("lots"),
+                Some("2"),
+                true,
+                Some(2),
+                1,
+            ),
+            (
+                "not selected: untouched",
+                Some(3),
+                None,
+                None,
+                false,
+                None,
+                0,
+            ),
         ];
         for (name, asked, ann, old_ann, selected, want, n_ops) in rows {
             let obj = deployment(*asked, *ann, *selected);
@@ -323,25 +402,51 @@ mod tests {
             let req = PinRequest {
                 namespace: "capi-system",
                 name: "capi-controller-manager",
-                target: PinTarget::Deployment { object: &obj, old_object: old.as_ref() },
+                target: PinTarget::Deployment {
+                    object: &obj,
+                    old_object: old.as_ref(),
+                },
             };
             let v = decide(&req, &windows(), &own());
             match (&v, want) {
-                (PinVerdict::Pin { restore_to, ops, warning, .. }, Some(w)) => {
+                (
+                    PinVerdict::Pin {
+                        restore_to,
+                        ops,
+                        warning,
+                        ..
+                    },
+                    Some(w),
+                ) => {
                     assert_eq!(restore_to.0, *w, "{name}");
                     assert_eq!(ops.len(), *n_ops, "{name}: {ops:?}");
-                    assert!(warning.contains("\"capi-move\"") && warning.contains(&format!("restored to {w}")), "{name}: {warning}");
+                    assert!(
+                        warning.contains("\"capi-move\"")
+                            && warning.contains(&format!("restored to {w}")),
+                        "{name}: {warning}"
+                    );
                     let (replicas, saved) = apply(&obj, &v);
                     assert_eq!(replicas, Some(0), "{name}");
                     assert_eq!(saved, Some(w.to_string()), "{name}");
                     // Idempotent: deciding the patched object again changes nothing.
                     let patched = deployment(Some(0), Some(&w.to_string()), true);
                     let again = decide(
-                        &PinRequest { target: PinTarget::Deployment { object: &patched, old_object: old.as_ref() }, ..req },
+                        &PinRequest {
+                            target: PinTarget::Deployment {
+                                object: &patched,
+                                old_object: old.as_ref(),
+                            },
+                            ..req
+                        },
                         &windows(),
                         &own(),
                     );
-                    let PinVerdict::Pin { ops, restore_to, .. } = again else { panic!("{name}: {again:?}") };
+                    let PinVerdict::Pin {
+                        ops, restore_to, ..
+                    } = again
+                    else {
+                        panic!("{name}: {again:?}")
+                    };
                     assert!(ops.is_empty(), "{name}: second call patched {ops:?}");
                     assert_eq!(restore_to.0, *w, "{name}");
                 }
@@ -357,9 +462,14 @@ mod tests {
         let req = PinRequest {
             namespace: "capi-system",
             name: "capi-controller-manager",
-            target: PinTarget::Deployment { object: &obj, old_object: None },
+            target: PinTarget::Deployment {
+                object: &obj,
+                old_object: None,
+            },
         };
-        let PinVerdict::Pin { ops, .. } = decide(&req, &windows(), &own()) else { panic!() };
+        let PinVerdict::Pin { ops, .. } = decide(&req, &windows(), &own()) else {
+            panic!()
+        };
         assert_eq!(
             serde_json::to_value(&ops).unwrap(),
             serde_json::json!([
@@ -369,8 +479,16 @@ mod tests {
         );
         let mut obj = deployment(Some(2), None, true);
         obj.metadata.annotations = Some(BTreeMap::from([("a".into(), "b".into())]));
-        let req = PinRequest { target: PinTarget::Deployment { object: &obj, old_object: None }, ..req };
-        let PinVerdict::Pin { ops, .. } = decide(&req, &windows(), &own()) else { panic!() };
+        let req = PinRequest {
+            target: PinTarget::Deployment {
+                object: &obj,
+                old_object: None,
+            },
+            ..req
+        };
+        let PinVerdict::Pin { ops, .. } = decide(&req, &windows(), &own()) else {
+            panic!()
+        };
         assert_eq!(
             serde_json::to_value(&ops[1]).unwrap(),
             serde_json::json!({"op": "add", "path": "/metadata/annotations/handoff.dev~1replicas-before-move", "value": "2"})
@@ -383,18 +501,33 @@ mod tests {
         let req = PinRequest {
             namespace: "capi-system",
             name: "capi-controller-manager",
-            target: PinTarget::Deployment { object: &obj, old_object: None },
+            target: PinTarget::Deployment {
+                object: &obj,
+                old_object: None,
+            },
         };
-        assert_eq!(decide(&req, &[], &own()), PinVerdict::Allow("no-open-window"));
-        let mine = PinRequest { namespace: "handoff-system", name: "handoff", ..req };
-        assert_eq!(decide(&mine, &windows(), &own()), PinVerdict::Allow("own-deployment"));
+        assert_eq!(
+            decide(&req, &[], &own()),
+            PinVerdict::Allow("no-open-window")
+        );
+        let mine = PinRequest {
+            namespace: "handoff-system",
+            name: "handoff",
+            ..req
+        };
+        assert_eq!(
+            decide(&mine, &windows(), &own()),
+            PinVerdict::Allow("own-deployment")
+        );
     }
 
     #[test]
     fn scale_table() {
         let labels = capi_labels();
         let saved: BTreeMap<String, String> =
-            [(SAVED_REPLICAS_ANNOTATION.to_string(), "3".to_string())].into_iter().collect();
+            [(SAVED_REPLICAS_ANNOTATION.to_string(), "3".to_string())]
+                .into_iter()
+                .collect();
         let scale = |r: i32| ObjectView {
             api_version: Some("autoscaling/v1".into()),
             kind: Some("Scale".into()),
@@ -403,26 +536,87 @@ mod tests {
         };
         let s5 = scale(5);
         let s0 = scale(0);
-        let cases: Vec<(&str, &ObjectView, ParentDeployment, Result<(i32, usize), &str>)> = vec![
-            ("scale of a pinned Deployment is pinned", &s5, ParentDeployment::Known { labels: Some(&labels), annotations: Some(&saved) }, Ok((3, 1))),
-            ("scale to 0 needs no patch", &s0, ParentDeployment::Known { labels: Some(&labels), annotations: Some(&saved) }, Ok((3, 0))),
-            ("no saved count: restored to 1", &s5, ParentDeployment::Known { labels: Some(&labels), annotations: None }, Ok((1, 1))),
-            ("unselected parent passes", &s5, ParentDeployment::Known { labels: None, annotations: None }, Err("not-selected")),
-            ("missing parent passes", &s5, ParentDeployment::Missing, Err("no-such-deployment")),
-            ("unreadable parent is refused", &s5, ParentDeployment::Unavailable("timeout"), Err("state-unavailable")),
+        let cases: Vec<(
+            &str,
+            &ObjectView,
+            ParentDeployment,
+            Result<(i32, usize), &str>,
+        )> = vec![
+            (
+                "scale of a pinned Deployment is pinned",
+                &s5,
+                ParentDeployment::Known {
+                    labels: Some(&labels),
+                    annotations: Some(&saved),
+                },
+                Ok((3, 1)),
+            ),
+            (
+                "scale to 0 needs no patch",
+                &s0,
+                ParentDeployment::Known {
+                    labels: Some(&labels),
+                    annotations: Some(&saved),
+                },
+                Ok((3, 0)),
+            ),
+            (
+                "no saved count: restored to 1",
+                &s5,
+                ParentDeployment::Known {
+                    labels: Some(&labels),
+                    annotations: None,
+                },
+                Ok((1, 1)),
+            ),
+            (
+                "unselected parent passes",
+                &s5,
+                ParentDeployment::Known {
+                    labels: None,
+                    annotations: None,
+                },
+                Err("not-selected"),
+            ),
+            (
+                "missing parent passes",
+                &s5,
+                ParentDeployment::Missing,
+                Err("no-such-deployment"),
+            ),
+            (
+                "unreadable parent is refused",
+                &s5,
+                ParentDeployment::Unavailable("timeout"),
+                Err("state-unavailable"),
+            ),
         ];
         for (name, obj, parent, want) in cases {
             let req = PinRequest {
                 namespace: "capi-system",
                 name: "capi-controller-manager",
-                target: PinTarget::Scale { object: obj, parent },
+                target: PinTarget::Scale {
+                    object: obj,
+                    parent,
+                },
             };
             let v = decide(&req, &windows(), &own());
             match (&v, want) {
-                (PinVerdict::Pin { restore_to, ops, warning, .. }, Ok((r, n))) => {
+                (
+                    PinVerdict::Pin {
+                        restore_to,
+                        ops,
+                        warning,
+                        ..
+                    },
+                    Ok((r, n)),
+                ) => {
                     assert_eq!(restore_to.0, r, "{name}");
                     assert_eq!(ops.len(), n, "{name}");
-                    assert!(warning.contains(&format!("restored to {r}")), "{name}: {warning}");
+                    assert!(
+                        warning.contains(&format!("restored to {r}")),
+                        "{name}: {warning}"
+                    );
                 }
                 (PinVerdict::Allow(a), Err(w)) => assert_eq!(*a, w, "{name}"),
                 (PinVerdict::Deny { reason, .. }, Err(w)) => assert_eq!(*reason, w, "{name}"),

@@ -91,7 +91,9 @@ mod tests {
     use super::*;
 
     fn labels(p: &[(&str, &str)]) -> BTreeMap<String, String> {
-        p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        p.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -108,9 +110,24 @@ mod tests {
         .unwrap();
         let s = Selector::from_label_selector(&sel).unwrap();
         assert!(s.matches(Some(&labels(&[("a", "1"), ("b", ""), ("e", "p")]))));
-        assert!(s.matches(Some(&labels(&[("a", "1"), ("b", ""), ("c", "z"), ("e", "q")]))));
-        assert!(!s.matches(Some(&labels(&[("a", "1"), ("b", ""), ("c", "x"), ("e", "p")]))));
-        assert!(!s.matches(Some(&labels(&[("a", "1"), ("b", ""), ("d", ""), ("e", "p")]))));
+        assert!(s.matches(Some(&labels(&[
+            ("a", "1"),
+            ("b", ""),
+            ("c", "z"),
+            ("e", "q")
+        ]))));
+        assert!(!s.matches(Some(&labels(&[
+            ("a", "1"),
+            ("b", ""),
+            ("c", "x"),
+            ("e", "p")
+        ]))));
+        assert!(!s.matches(Some(&labels(&[
+            ("a", "1"),
+            ("b", ""),
+            ("d", ""),
+            ("e", "p")
+        ]))));
         assert!(!s.matches(Some(&labels(&[("a", "2"), ("b", ""), ("e", "p")]))));
         assert!(!s.matches(Some(&labels(&[("a", "1"), ("e", "p")]))));
         assert!(!s.matches(None));
@@ -124,7 +141,12 @@ mod tests {
             serde_json::json!({"matchExpressions": [{"key": "k", "operator": "Has"}]}),
         )
         .unwrap();
-        assert!(Selector::from_label_selector(&bad).unwrap_err().to_string().contains("Has"));
+        assert!(
+            Selector::from_label_selector(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("Has")
+        );
         let empty_in: LabelSelector = serde_json::from_value(
             serde_json::json!({"matchExpressions": [{"key": "k", "operator": "In", "values": []}]}),
         )

@@ -33,7 +33,9 @@ where
                 tracing::info!(watch = what, "cache synced");
             }
             Ok(e) => on_event(e),
-            Err(e) => tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff"),
+            Err(e) => {
+                tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff")
+            }
         }
     }
 }

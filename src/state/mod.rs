@@ -94,9 +94,9 @@ impl State {
                     if w.metadata.name.as_deref().unwrap_or("").is_empty() {
                         anyhow::bail!("{}: MoveWindow has no metadata.name", doc.place());
                     }
-                    w.spec
-                        .selector()
-                        .map_err(|e| anyhow::anyhow!("{}: spec.deploymentSelector: {e}", doc.place()))?;
+                    w.spec.selector().map_err(|e| {
+                        anyhow::anyhow!("{}: spec.deploymentSelector: {e}", doc.place())
+                    })?;
                     windows.push(w);
                 }
                 "Deployment" => {
@@ -181,7 +181,10 @@ impl State {
             Ok(Err(e)) => DeploymentLookup::Unavailable(format!("the API server said: {e}")),
             Ok(Ok(None)) => DeploymentLookup::Missing,
             Ok(Ok(Some(d))) => {
-                let meta = DeploymentMeta::new(d.metadata.labels.as_ref(), d.metadata.annotations.as_ref());
+                let meta = DeploymentMeta::new(
+                    d.metadata.labels.as_ref(),
+                    d.metadata.annotations.as_ref(),
+                );
                 self.deployments.upsert(namespace, name, meta.clone());
                 DeploymentLookup::Known(Arc::new(meta))
             }

@@ -71,7 +71,12 @@ impl WindowCache {
     }
 
     pub fn end_relist(&self) {
-        if let Some(buf) = self.relist.write().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(buf) = self
+            .relist
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             let mut all = self.all.write().unwrap_or_else(|e| e.into_inner());
             *all = buf;
             self.publish(&all);
@@ -169,7 +174,12 @@ impl DeploymentCache {
     }
 
     pub fn end_relist(&self) {
-        if let Some(buf) = self.relist.write().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(buf) = self
+            .relist
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             *self.map.write().unwrap_or_else(|e| e.into_inner()) = buf;
         }
         self.synced.store(true, Ordering::Release);
@@ -188,7 +198,11 @@ impl DeploymentCache {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .filter(|d| windows.iter().any(|w| w.selector.matches(d.labels.as_ref())))
+            .filter(|d| {
+                windows
+                    .iter()
+                    .any(|w| w.selector.matches(d.labels.as_ref()))
+            })
             .count()
     }
 }
