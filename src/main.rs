@@ -48,6 +48,81 @@ enum Command {
     Certs(CertsArgs),
     /// Print the MoveWindow CustomResourceDefinition (manifests/base/movewindow-crd.yaml).
     Crd,
+    /// Open, close and inspect move windows (one cluster, or --source and --target).
+    Window(WindowArgs),
+}
+
+#[derive(Args)]
+struct WindowArgs {
+    #[command(subcommand)]
+    command: WindowCommand,
+    /// kubeconfig of the one cluster to act on (default: $KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, value_name = "FILE", global = true, conflicts_with_all = ["source", "target"])]
+    kubeconfig: Option<PathBuf>,
+    /// kubeconfig context of that cluster.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// kubeconfig of the source management cluster of a move (with --target).
+    #[arg(long, value_name = "FILE", global = true, requires = "target")]
+    source: Option<PathBuf>,
+    /// kubeconfig of the target management cluster of a move (with --source).
+    #[arg(long, value_name = "FILE", global = true, requires = "source")]
+    target: Option<PathBuf>,
+    /// Context in the --source kubeconfig.
+    #[arg(long, global = true)]
+    source_context: Option<String>,
+    /// Context in the --target kubeconfig.
+    #[arg(long, global = true)]
+    target_context: Option<String>,
+    /// handoff's own Deployment (NAMESPACE/NAME), never pinned.
+    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff", value_parser = own_deployment, global = true)]
+    own_deployment: OwnDeployment,
+}
+
+#[derive(Subcommand)]
+enum WindowCommand {
+    /// Preflight, create the MoveWindow, pin every selected Deployment to 0, wait for its pods.
+    Open {
+        name: String,
+        /// Deployments to pin, in kubectl syntax (default: the Cluster API provider controllers).
+        #[arg(long, short = 'l', value_parser = label_selector)]
+        selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+        /// Why, recorded in the window.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Open even though pinned Deployments serve webhooks that fail closed.
+        #[arg(long)]
+        allow_webhook_outage: bool,
+        /// How long to wait for the pinned pods to be gone (0 to not wait).
+        #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = duration)]
+        wait_timeout: Duration,
+    },
+    /// Close the MoveWindow, then restore every pinned Deployment (target first, then source).
+    Close {
+        name: String,
+        /// How long a restore may be re-pinned by a webhook that has not yet seen the close.
+        #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = duration)]
+        restore_timeout: Duration,
+    },
+    /// Show windows, their pinned Deployments and saved counts.
+    Status {
+        name: Option<String>,
+        /// Output format.
+        #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+fn label_selector(
+    s: &str,
+) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector, String> {
+    handoff::policy::selector::parse_label_selector(s).map_err(|e| e.to_string())
 }
 
 /// Where decisions read their state from.
@@ -190,6 +265,7 @@ fn main() -> std::process::ExitCode {
             Command::Serve(a) => serve(a).await,
             Command::Review(a) => review(a).await,
             Command::Certs(a) => certs_cmd(a),
+            Command::Window(a) => window(a).await,
             Command::Crd => {
                 print!("{}", handoff::window::resource::crd_yaml());
                 Ok(())
@@ -206,6 +282,17 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn kube_client(args: &StateArgs) -> anyhow::Result<kube::Client> {
+    client_for(args.kubeconfig.as_deref(), args.context.as_deref()).await
+}
+
+async fn client_for(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> anyhow::Result<kube::Client> {
+    let args = KubeArgs {
+        kubeconfig: kubeconfig.map(PathBuf::from),
+        context: context.map(str::to_string),
+    };
     let config = match &args.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -233,6 +320,82 @@ async fn kube_client(args: &StateArgs) -> anyhow::Result<kube::Client> {
 }
 
 /// Build the state and, for a cluster, the client whose watches must be started.
+struct KubeArgs {
+    kubeconfig: Option<PathBuf>,
+    context: Option<String>,
+}
+
+async fn window(a: WindowArgs) -> anyhow::Result<()> {
+    use handoff::window::ops::{self, Cluster};
+    use handoff::window::resource::MoveRole;
+    let clusters = match (&a.source, &a.target) {
+        (Some(s), Some(t)) => vec![
+            Cluster {
+                label: "source".into(),
+                client: client_for(Some(s), a.source_context.as_deref())
+                    .await
+                    .context("--source")?,
+                role: Some(MoveRole::Source),
+            },
+            Cluster {
+                label: "target".into(),
+                client: client_for(Some(t), a.target_context.as_deref())
+                    .await
+                    .context("--target")?,
+                role: Some(MoveRole::Target),
+            },
+        ],
+        _ => vec![Cluster {
+            label: "cluster".into(),
+            client: client_for(a.kubeconfig.as_deref(), a.context.as_deref()).await?,
+            role: None,
+        }],
+    };
+    let mut out = std::io::stderr();
+    match a.command {
+        WindowCommand::Open {
+            name,
+            selector,
+            reason,
+            allow_webhook_outage,
+            wait_timeout,
+        } => {
+            let opts = ops::OpenOptions {
+                name,
+                selector,
+                reason,
+                allow_webhook_outage,
+                wait_timeout,
+                poll: Duration::from_secs(2),
+                own: a.own_deployment,
+            };
+            ops::open(&clusters, &opts, &mut out).await?;
+        }
+        WindowCommand::Close {
+            name,
+            restore_timeout,
+        } => {
+            // Target first: the new management cluster takes over before the old one wakes.
+            let mut ordered = clusters;
+            ordered.reverse();
+            let opts = ops::CloseOptions {
+                name,
+                restore_timeout,
+                poll: Duration::from_millis(500),
+            };
+            ops::close(&ordered, &opts, &mut out).await?;
+        }
+        WindowCommand::Status { name, output } => {
+            let views = ops::status(&clusters, name.as_deref(), &a.own_deployment).await?;
+            match output {
+                Output::Table => print!("{}", ops::render_table(&views)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Client>)> {
     let cfg = match &args.config {
         Some(p) => ConfigFile::load(p)?,

@@ -536,12 +536,14 @@ mod tests {
         };
         let s5 = scale(5);
         let s0 = scale(0);
-        let cases: Vec<(
-            &str,
-            &ObjectView,
-            ParentDeployment,
-            Result<(i32, usize), &str>,
-        )> = vec![
+        // (case, Scale, parent, Ok((restore_to, patch ops)) or Err(reason))
+        type Case<'a> = (
+            &'a str,
+            &'a ObjectView,
+            ParentDeployment<'a>,
+            Result<(i32, usize), &'a str>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 "scale of a pinned Deployment is pinned",
                 &s5,

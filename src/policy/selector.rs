@@ -68,6 +68,77 @@ impl Selector {
     }
 }
 
+/// Parse kubectl's selector syntax (`a=b,c!=d,e in (x,y),f notin (z),g,!h`) into a
+/// `LabelSelector`, for `--selector`.
+pub fn parse_label_selector(text: &str) -> Result<LabelSelector, SelectorError> {
+    let mut parts = Vec::new();
+    let mut depth = 0;
+    let mut cur = String::new();
+    for ch in text.chars() {
+        match ch {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(ch);
+    }
+    parts.push(cur);
+    let mut labels = BTreeMap::new();
+    let mut exprs = Vec::new();
+    let bad = |p: &str| {
+        SelectorError(format!(
+            "cannot parse {p:?} (use k=v, k!=v, k in (a,b), k notin (a,b), k, !k)"
+        ))
+    };
+    let req = |key: &str, op: &str, values: Option<Vec<String>>| LabelSelectorRequirement {
+        key: key.trim().to_string(),
+        operator: op.to_string(),
+        values,
+    };
+    for part in parts.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
+        let list = |rest: &str| -> Result<Vec<String>, SelectorError> {
+            let inner = rest
+                .trim()
+                .strip_prefix('(')
+                .and_then(|r| r.strip_suffix(')'))
+                .ok_or_else(|| bad(part))?;
+            Ok(inner
+                .split(',')
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+                .collect())
+        };
+        if let Some((k, rest)) = part.split_once(" notin ") {
+            exprs.push(req(k, "NotIn", Some(list(rest)?)));
+        } else if let Some((k, rest)) = part.split_once(" in ") {
+            exprs.push(req(k, "In", Some(list(rest)?)));
+        } else if let Some((k, v)) = part.split_once("!=") {
+            exprs.push(req(k, "NotIn", Some(vec![v.trim().to_string()])));
+        } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+            labels.insert(k.trim().to_string(), v.trim().to_string());
+        } else if let Some(k) = part.strip_prefix('!') {
+            exprs.push(req(k, "DoesNotExist", None));
+        } else if part
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        {
+            exprs.push(req(part, "Exists", None));
+        } else {
+            return Err(bad(part));
+        }
+    }
+    let sel = LabelSelector {
+        match_labels: (!labels.is_empty()).then_some(labels),
+        match_expressions: (!exprs.is_empty()).then_some(exprs),
+    };
+    Selector::from_label_selector(&sel)?;
+    Ok(sel)
+}
+
 /// The query-string form (`labelSelector=`), as kubectl writes it.
 impl fmt::Display for Selector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -133,6 +204,21 @@ mod tests {
         assert!(!s.matches(None));
         assert_eq!(s.to_string(), "a=1,b,c notin (x,y),!d,e in (p,q)");
         assert!(Selector::default().matches(None));
+    }
+
+    #[test]
+    fn parses_kubectl_syntax_and_round_trips() {
+        let text = "a=1,b,c notin (x,y),!d,e in (p,q),f!=g";
+        let sel = Selector::from_label_selector(&parse_label_selector(text).unwrap()).unwrap();
+        assert_eq!(
+            sel.to_string(),
+            "a=1,b,c notin (x,y),!d,e in (p,q),f notin (g)"
+        );
+        let again = parse_label_selector(&sel.to_string()).unwrap();
+        assert_eq!(Selector::from_label_selector(&again).unwrap(), sel);
+        assert!(parse_label_selector("a in x").is_err());
+        assert!(parse_label_selector("a b").is_err());
+        assert!(parse_label_selector("").unwrap().match_labels.is_none());
     }
 
     #[test]

@@ -1,3 +1,4 @@
 //! Move windows: the MoveWindow resource and the `handoff window` commands.
 
+pub mod ops;
 pub mod resource;

@@ -15,6 +15,8 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
@@ -157,6 +159,7 @@ impl FakeApi {
                 require_namespaces: false,
             }),
             unavailable: AtomicBool::new(false),
+            write_budget: std::sync::atomic::AtomicI64::new(-1),
             closed: AtomicBool::new(false),
             log: Mutex::new(Vec::new()),
         });
@@ -258,6 +261,14 @@ impl FakeApi {
         self.inner.lock().tick.send_modify(|_| {});
     }
 
+    /// Let `n` more writes (non-GET requests) through, then answer every write with 503 until
+    /// `None` is set: a client that dies after its n-th write, as far as the cluster can tell.
+    pub fn fail_writes_after(&self, n: Option<u64>) {
+        self.inner
+            .write_budget
+            .store(n.map_or(-1, |n| n as i64), Ordering::SeqCst);
+    }
+
     /// When true, creating a namespaced object over HTTP in a namespace that does not
     /// exist answers 404 like a real cluster. Off by default.
     pub fn set_require_namespaces(&self, yes: bool) {
@@ -272,7 +283,17 @@ impl FakeApi {
     /// Every request as `"METHOD /path?query"` (raw, percent-encoded query; no
     /// trailing `?`) in arrival order, including ones answered 503.
     pub fn requests(&self) -> Vec<String> {
-        self.inner.log().iter().map(|(_, l)| l.clone()).collect()
+        self.inner.log().iter().map(|(_, _, l)| l.clone()).collect()
+    }
+
+    /// Writes with their place in a sequence shared by every FakeApi in the process.
+    pub fn sequenced_writes(&self) -> Vec<(u64, String)> {
+        self.inner
+            .log()
+            .iter()
+            .filter(|(w, _, _)| *w)
+            .map(|(_, seq, l)| (*seq, l.clone()))
+            .collect()
     }
 
     /// Like [`FakeApi::requests`], but only non-GET requests.
@@ -280,8 +301,8 @@ impl FakeApi {
         self.inner
             .log()
             .iter()
-            .filter(|(w, _)| *w)
-            .map(|(_, l)| l.clone())
+            .filter(|(w, _, _)| *w)
+            .map(|(_, _, l)| l.clone())
             .collect()
     }
 }
@@ -323,9 +344,11 @@ struct HistEvent {
 struct Inner {
     store: Mutex<Store>,
     unavailable: AtomicBool,
+    /// Writes still allowed before every write answers 503; negative means unlimited.
+    write_budget: std::sync::atomic::AtomicI64,
     closed: AtomicBool,
     /// (is_write, "METHOD /path?query")
-    log: Mutex<Vec<(bool, String)>>,
+    log: Mutex<Vec<(bool, u64, String)>>,
 }
 
 impl Inner {
@@ -333,7 +356,7 @@ impl Inner {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn log(&self) -> MutexGuard<'_, Vec<(bool, String)>> {
+    fn log(&self) -> MutexGuard<'_, Vec<(bool, u64, String)>> {
         self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -341,7 +364,11 @@ impl Inner {
         let target = uri.path_and_query().map_or("/", |p| p.as_str());
         let target = target.strip_suffix('?').unwrap_or(target);
         let is_write = method != Method::GET && method != Method::HEAD;
-        self.log().push((is_write, format!("{method} {target}")));
+        // One sequence across every FakeApi in the process, so tests can order requests
+        // made to two clusters.
+        let seq = SEQUENCE.fetch_add(1, Ordering::SeqCst);
+        self.log()
+            .push((is_write, seq, format!("{method} {target}")));
     }
 
     /// Runs a write with `dryRun` honoured.
@@ -1724,6 +1751,20 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     inner.record(&method, &uri);
+    if method != Method::GET {
+        let budget = inner.write_budget.load(Ordering::SeqCst);
+        if budget == 0 {
+            return ApiError::new(
+                503,
+                "ServiceUnavailable",
+                "the fake API server refuses further writes (FakeApi::fail_writes_after)",
+            )
+            .response();
+        }
+        if budget > 0 {
+            inner.write_budget.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
     if inner.unavailable.load(Ordering::SeqCst) || inner.closed.load(Ordering::SeqCst) {
         return ApiError::new(
             503,
