@@ -470,10 +470,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(client) = client {
-        tokio::spawn(handoff::state::cluster::watch_namespaces(
-            client,
-            state.clone(),
-        ));
+        handoff::state::cluster::spawn_watches(client, state.clone());
     }
     tokio::spawn(store.clone().watch(a.cert_reload_interval, metrics.clone()));
 
@@ -512,7 +509,17 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         tokio::time::sleep(drain_delay).await;
         let _ = stop_tx.send(true);
     };
-    server::run(listener, Arc::new(tls), app, shutdown, a.drain_timeout).await;
+    let service = server::router(app.clone());
+    let health = app.health.clone();
+    server::run(
+        listener,
+        Arc::new(tls),
+        service,
+        health,
+        shutdown,
+        a.drain_timeout,
+    )
+    .await;
     tracing::info!("handoff stopped");
     Ok(())
 }

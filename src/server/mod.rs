@@ -102,9 +102,13 @@ impl App {
     }
 }
 
-/// The HTTPS router: webhooks, health and metrics.
+/// The HTTPS router: webhooks, health and metrics, behind the request-path stack.
 pub fn router(app: App) -> Router {
-    let panics = app.metrics.clone();
+    with_stack(webhook_routes(), app)
+}
+
+/// The two webhook endpoints.
+pub fn webhook_routes() -> Router<App> {
     Router::new()
         .route(
             "/validate/sync-finalizer",
@@ -114,6 +118,14 @@ pub fn router(app: App) -> Router {
             "/mutate/move-window",
             post(|s, u, h, b| admit(s, Webhook::MoveWindow, u, h, b)),
         )
+}
+
+/// The whole request path in one place, outermost last: the concurrency limit around the
+/// webhooks, health and metrics beside them (never shed, so probes answer under load), a
+/// fallback, and panic recovery around everything.
+pub fn with_stack(webhooks: Router<App>, app: App) -> Router {
+    let panics = app.metrics.clone();
+    webhooks
         .layer(middleware::from_fn_with_state(app.clone(), limit_concurrency))
         .merge(health_router())
         .fallback(|uri: Uri| async move {
@@ -193,11 +205,30 @@ async fn limit_concurrency(AxState(app): AxState<App>, req: Request, next: Next)
                 .into_response();
         }
     };
-    app.metrics.in_flight.inc();
-    let resp = next.run(req).await;
-    app.metrics.in_flight.dec();
-    drop(permit);
-    resp
+    // Dropped on return and on unwind alike, so a panicking handler frees its slot.
+    let _in_flight = InFlight::enter(&app.metrics, permit);
+    next.run(req).await
+}
+
+struct InFlight<'a> {
+    metrics: &'a Metrics,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(metrics: &'a Metrics, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        metrics.in_flight.inc();
+        InFlight {
+            metrics,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec();
+    }
 }
 
 /// The API server appends `?timeout=<n>s`: the time it will wait for us.
@@ -379,16 +410,16 @@ fn log_decision(
 pub async fn run(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    app: App,
+    service: Router,
+    health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()>,
     drain_timeout: Duration,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let service = router(app.clone());
     let graceful = GracefulShutdown::new();
     let local = listener.local_addr().ok();
     if let Some(addr) = local {
-        tokio::spawn(self_check(addr, app.health.clone()));
+        tokio::spawn(self_check(addr, health));
     }
     tokio::pin!(shutdown);
     loop {

@@ -182,3 +182,18 @@ mod tests {
         assert_eq!(empty.selector().unwrap(), sel);
     }
 }
+
+#[cfg(test)]
+mod crd_drift {
+    /// `manifests/base/movewindow-crd.yaml` is what `handoff crd` prints: regenerate it with
+    /// `cargo run -- crd > manifests/base/movewindow-crd.yaml` when the type changes.
+    #[test]
+    fn manifest_matches_the_rust_type() {
+        let file = include_str!("../../manifests/base/movewindow-crd.yaml");
+        assert_eq!(
+            file,
+            super::crd_yaml(),
+            "manifests/base/movewindow-crd.yaml drifted from MoveWindow; run `cargo run -- crd > manifests/base/movewindow-crd.yaml`"
+        );
+    }
+}

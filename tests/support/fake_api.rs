@@ -160,6 +160,7 @@ impl FakeApi {
             }),
             unavailable: AtomicBool::new(false),
             write_budget: std::sync::atomic::AtomicI64::new(-1),
+            latency_ms: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             log: Mutex::new(Vec::new()),
         });
@@ -261,6 +262,13 @@ impl FakeApi {
         self.inner.lock().tick.send_modify(|_| {});
     }
 
+    /// Delay every answer by `d` (a slow or overloaded API server).
+    pub fn set_latency(&self, d: std::time::Duration) {
+        self.inner
+            .latency_ms
+            .store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
     /// Let `n` more writes (non-GET requests) through, then answer every write with 503 until
     /// `None` is set: a client that dies after its n-th write, as far as the cluster can tell.
     pub fn fail_writes_after(&self, n: Option<u64>) {
@@ -346,6 +354,8 @@ struct Inner {
     unavailable: AtomicBool,
     /// Writes still allowed before every write answers 503; negative means unlimited.
     write_budget: std::sync::atomic::AtomicI64,
+    /// Added before every answer, to stand in for a slow API server.
+    latency_ms: AtomicU64,
     closed: AtomicBool,
     /// (is_write, "METHOD /path?query")
     log: Mutex<Vec<(bool, u64, String)>>,
@@ -1751,6 +1761,10 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     inner.record(&method, &uri);
+    let latency = inner.latency_ms.load(Ordering::SeqCst);
+    if latency > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(latency)).await;
+    }
     if method != Method::GET {
         let budget = inner.write_budget.load(Ordering::SeqCst);
         if budget == 0 {

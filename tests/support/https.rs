@@ -48,6 +48,8 @@ pub struct Options {
     /// Serve certificate files from here instead of an in-memory pair.
     pub cert_files: Option<(PathBuf, PathBuf)>,
     pub drain_timeout: Duration,
+    /// Extra routes served behind the same request-path stack (e.g. one that panics).
+    pub extra_routes: Option<axum::Router<App>>,
 }
 
 impl Default for Options {
@@ -57,6 +59,7 @@ impl Default for Options {
             client_ca: None,
             cert_files: None,
             drain_timeout: Duration::from_secs(5),
+            extra_routes: None,
         }
     }
 }
@@ -86,10 +89,16 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let routes = match opts.extra_routes {
+            Some(extra) => server::webhook_routes().merge(extra),
+            None => server::webhook_routes(),
+        };
+        let service = server::with_stack(routes, app.clone());
         let join = tokio::spawn(server::run(
             listener,
             Arc::new(tls),
-            app.clone(),
+            service,
+            app.health.clone(),
             async move {
                 let _ = rx.await;
             },

@@ -1,0 +1,200 @@
+//! The real binary against a (slow) cluster: SIGTERM under load answers every accepted request,
+//! readiness fails first, the process exits 0, and every decision was logged as JSON.
+
+mod support;
+
+use std::io::{Read as _, Write as _};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use handoff::certs::Ca;
+use serde_json::json;
+use support::fake_api::FakeApi;
+use support::https::{Client, Proto, fixture};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET over plain HTTP/1.1 (the metrics port); the status code, or None if refused.
+fn plain_get(port: u16, path: &str) -> Option<u16> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_answers_every_accepted_request() {
+    let fake = FakeApi::start().await;
+    fake.put(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "capi-system"}}));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    cluster: fake\n    user: u\ncurrent-context: c\n",
+            fake.url()
+        ),
+    )
+    .unwrap();
+    let ca = Ca::new("drain CA", 1).unwrap();
+    let (cert, key) = ca
+        .serving_cert(&["localhost".into()], &["127.0.0.1".parse().unwrap()], 1)
+        .unwrap();
+    std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
+    std::fs::write(dir.path().join("tls.key"), key).unwrap();
+    let (port, metrics_port) = (free_port(), free_port());
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["--log-format", "json", "serve"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--tls-cert")
+        .arg(dir.path().join("tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.path().join("tls.key"))
+        .args([
+            "--drain-delay",
+            "700ms",
+            "--drain-timeout",
+            "15s",
+            "--api-timeout",
+            "10s",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+
+    let mut ready = false;
+    for _ in 0..300 {
+        if plain_get(metrics_port, "/readyz") == Some(200) {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if !ready {
+        let exited = child.try_wait();
+        let _ = child.kill();
+        panic!(
+            "never ready: {:?} {exited:?}\n{}\nAPI requests: {:?}",
+            plain_get(metrics_port, "/readyz"),
+            log.join().unwrap(),
+            fake.requests()
+        );
+    }
+
+    // Every decision now waits 800 ms on the API server (cache misses).
+    fake.set_latency(Duration::from_millis(800));
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut inflight = Vec::new();
+    for i in 0..16 {
+        let ca_pem = ca.cert_pem.clone();
+        let proto = if i % 2 == 0 { Proto::H1 } else { Proto::H2 };
+        let mut review: serde_json::Value =
+            serde_json::from_slice(&fixture("delete-configmap-by-syncer.json")).unwrap();
+        review["request"]["namespace"] = format!("kcp-unseen-{i}").into();
+        review["request"]["uid"] = format!("drain-{i}").into();
+        let mut c = Client::connect(addr, &ca_pem, proto, None).await.unwrap();
+        inflight.push(tokio::spawn(async move {
+            c.send(
+                "POST",
+                "/validate/sync-finalizer?timeout=10s",
+                Some("application/json"),
+                serde_json::to_vec(&review).unwrap(),
+            )
+            .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    // Readiness fails first, while requests are still being answered.
+    let mut unready = false;
+    for _ in 0..40 {
+        if plain_get(metrics_port, "/readyz") == Some(503) {
+            unready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(unready, "readiness did not fail on SIGTERM");
+
+    for (i, r) in inflight.into_iter().enumerate() {
+        let reply = r
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("request {i} was accepted but not answered: {e}"));
+        assert_eq!(reply.status, 200, "request {i}");
+        assert_eq!(reply.json()["response"]["uid"], format!("drain-{i}"));
+    }
+
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        Client::connect(addr, &ca.cert_pem, Proto::H1, None)
+            .await
+            .is_err(),
+        "the listener is closed"
+    );
+
+    // One JSON event per decision, with what an operator searches by.
+    let log = log.join().unwrap();
+    let decisions: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "decision")
+        .collect();
+    assert_eq!(decisions.len(), 16, "{log}");
+    let d = &decisions[0];
+    for field in [
+        "webhook",
+        "uid",
+        "user",
+        "operation",
+        "resource",
+        "namespace",
+        "name",
+        "verdict",
+        "reason",
+        "latency_us",
+    ] {
+        assert!(d.get(field).is_some(), "decision log lacks {field}: {d}");
+    }
+    assert_eq!(
+        d["user"],
+        "system:serviceaccount:kcp-syncer-us-west1-1nuzj7pw:kcp-syncer-us-west1-1nuzj7pw"
+    );
+    assert!(log.contains("all connections drained"), "{log}");
+}

@@ -1,0 +1,522 @@
+//! Production serving: certificate rotation, limits, panics, metrics, client certificates.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use handoff::certs::Ca;
+use handoff::server::Limits;
+use handoff::state::State;
+use rustls::pki_types::ServerName;
+use support::https::{BOTH, Client, Options, Proto, TestServer, fixture, fixture_state};
+
+const GUARD: &str = "/validate/sync-finalizer";
+
+/// Lay out a Secret volume as the kubelet does: `..<version>/` holds the files, `..data` links
+/// to it, and `tls.crt`/`tls.key` link through `..data`.
+fn kubelet_volume(dir: &Path, version: &str, cert: &str, key: &str) {
+    let v = dir.join(format!("..{version}"));
+    std::fs::create_dir_all(&v).unwrap();
+    std::fs::write(v.join("tls.crt"), cert).unwrap();
+    std::fs::write(v.join("tls.key"), key).unwrap();
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+    // The atomic swap: rename the new link over the old one.
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for f in ["tls.crt", "tls.key"] {
+        if std::fs::symlink_metadata(dir.join(f)).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{f}"), dir.join(f)).unwrap();
+        }
+    }
+}
+
+/// The leaf certificate a fresh TLS connection is served.
+async fn served_cert(addr: std::net::SocketAddr, ca_pem: &str) -> Result<Vec<u8>, String> {
+    let cfg = support::https::tls_client_config(ca_pem, Proto::H1, None);
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(tls.get_ref().1.peer_certificates().unwrap()[0].to_vec())
+}
+
+fn der_of(pem: &str) -> Vec<u8> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    CertificateDer::from_pem_slice(pem.as_bytes())
+        .unwrap()
+        .to_vec()
+}
+
+fn leaf(ca: &Ca) -> (String, String) {
+    ca.serving_cert(&["localhost".into()], &["127.0.0.1".parse().unwrap()], 1)
+        .unwrap()
+}
+
+async fn wait_for_cert(addr: std::net::SocketAddr, ca: &str, want: &[u8]) {
+    for _ in 0..250 {
+        if served_cert(addr, ca).await.ok().as_deref() == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the new certificate was never served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_by_symlink_swap_twice_under_load() {
+    let ca = Ca::new("rotation CA", 1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (c1, k1) = leaf(&ca);
+    kubelet_volume(dir.path(), "v1", &c1, &k1);
+    let opts = Options {
+        cert_files: Some((dir.path().join("tls.crt"), dir.path().join("tls.key"))),
+        ..Options::default()
+    };
+    let server = TestServer::start_with(Arc::new(fixture_state()), opts).await;
+    let addr = server.addr;
+    assert_eq!(served_cert(addr, &ca.cert_pem).await.unwrap(), der_of(&c1));
+
+    // Continuous load: new connections (each a handshake) and a review on each.
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut load = Vec::new();
+    for i in 0..4 {
+        let (stop, ok, failed, ca_pem) = (
+            stop.clone(),
+            ok.clone(),
+            failed.clone(),
+            ca.cert_pem.clone(),
+        );
+        load.push(tokio::spawn(async move {
+            let proto = if i % 2 == 0 { Proto::H1 } else { Proto::H2 };
+            let body = fixture("delete-configmap-by-syncer.json");
+            while !stop.load(Ordering::Relaxed) {
+                let result = async {
+                    let mut c = Client::connect(addr, &ca_pem, proto, None).await?;
+                    let r = c
+                        .send("POST", GUARD, Some("application/json"), body.clone())
+                        .await?;
+                    if r.status == 200 {
+                        Ok(())
+                    } else {
+                        Err(format!("status {}", r.status))
+                    }
+                }
+                .await;
+                match result {
+                    Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        failed.lock().unwrap().push(e);
+                        0
+                    }
+                };
+            }
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (c2, k2) = leaf(&ca);
+    kubelet_volume(dir.path(), "v2", &c2, &k2);
+    wait_for_cert(addr, &ca.cert_pem, &der_of(&c2)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (c3, k3) = leaf(&ca);
+    kubelet_volume(dir.path(), "v3", &c3, &k3);
+    wait_for_cert(addr, &ca.cert_pem, &der_of(&c3)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    let failed = failed.lock().unwrap().clone();
+    assert!(
+        failed.is_empty(),
+        "{} failed handshakes or requests: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        ok.load(Ordering::Relaxed) > 20,
+        "load ran: {}",
+        ok.load(Ordering::Relaxed)
+    );
+    assert_eq!(server.app.metrics.cert_reloads.get(), 2);
+    assert_eq!(server.app.metrics.cert_reload_errors.get(), 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_corrupt_or_mismatched_new_pair_keeps_the_last_good_one() {
+    let ca = Ca::new("rotation CA", 1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (c1, k1) = leaf(&ca);
+    kubelet_volume(dir.path(), "v1", &c1, &k1);
+    let opts = Options {
+        cert_files: Some((dir.path().join("tls.crt"), dir.path().join("tls.key"))),
+        ..Options::default()
+    };
+    let server = TestServer::start_with(Arc::new(fixture_state()), opts).await;
+    let errors = || server.app.metrics.cert_reload_errors.get();
+
+    kubelet_volume(
+        dir.path(),
+        "bad1",
+        &c1,
+        "-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n",
+    );
+    for _ in 0..250 {
+        if errors() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(errors(), 1, "the corrupt pair was noticed once");
+    assert_eq!(
+        served_cert(server.addr, &ca.cert_pem).await.unwrap(),
+        der_of(&c1)
+    );
+
+    // A valid certificate with another certificate's key.
+    let (c2, _) = leaf(&ca);
+    let (_, k3) = leaf(&ca);
+    kubelet_volume(dir.path(), "bad2", &c2, &k3);
+    for _ in 0..250 {
+        if errors() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(errors(), 2, "the mismatched pair was rejected");
+    assert_eq!(
+        served_cert(server.addr, &ca.cert_pem).await.unwrap(),
+        der_of(&c1)
+    );
+
+    // A good pair again is picked up.
+    let (c4, k4) = leaf(&ca);
+    kubelet_volume(dir.path(), "v4", &c4, &k4);
+    wait_for_cert(server.addr, &ca.cert_pem, &der_of(&c4)).await;
+    server.stop().await;
+}
+
+/// An "API server" that accepts connections and never answers.
+async fn black_hole() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+async fn stuck_state() -> State {
+    let addr = black_hole().await;
+    let mut cfg = kube::Config::new(format!("http://{addr}").parse().unwrap());
+    cfg.default_retry = false;
+    let mut state = State::new(Default::default());
+    state.client = Some(kube::Client::try_from(cfg).unwrap());
+    state.api_timeout = Duration::from_secs(60);
+    state
+}
+
+/// A syncer delete in a namespace nobody has seen: the lookup goes to the stuck API server.
+fn stuck_review() -> Vec<u8> {
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&fixture("delete-configmap-by-syncer.json")).unwrap();
+    v["request"]["namespace"] = "kcp-nobody-has-seen".into();
+    serde_json::to_vec(&v).unwrap()
+}
+
+#[tokio::test]
+async fn a_slow_decision_is_answered_within_the_api_servers_timeout() {
+    let server = TestServer::start_with(Arc::new(stuck_state().await), Options::default()).await;
+    let mut c = server.connect(Proto::H2).await;
+    let reply = tokio::time::timeout(
+        Duration::from_secs(30),
+        c.review(&format!("{GUARD}?timeout=1s"), stuck_review()),
+    )
+    .await
+    .expect("answered, not hung");
+    assert_eq!(reply.status, 200);
+    let r = &reply.json()["response"];
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["auditAnnotations"]["reason"], "deadline");
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not decide within 800ms"),
+        "{r}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn saturation_sheds_waiting_requests_with_503() {
+    let opts = Options {
+        limits: Limits {
+            max_concurrency: 1,
+            queue_timeout: Duration::from_millis(100),
+            ..Limits::default()
+        },
+        ..Options::default()
+    };
+    let server = TestServer::start_with(Arc::new(stuck_state().await), opts).await;
+    let mut slow = server.connect(Proto::H2).await;
+    let first = tokio::spawn(async move {
+        slow.review(&format!("{GUARD}?timeout=2s"), stuck_review())
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for proto in BOTH {
+        let mut c = server.connect(proto).await;
+        let r = c
+            .review(GUARD, fixture("delete-secret-by-admin.json"))
+            .await;
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert!(r.text().contains("handoff is saturated"), "{}", r.text());
+        // Probes are not shed.
+        assert_eq!(c.get("/healthz").await.status, 200);
+    }
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 200);
+    assert_eq!(server.app.metrics.shed.get(), 2);
+    // With the slot free again, requests are served.
+    let mut c = server.connect(Proto::H1).await;
+    assert_eq!(
+        c.review(GUARD, fixture("delete-secret-by-admin.json"))
+            .await
+            .status,
+        200
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_panic_is_answered_500_and_the_server_lives_on() {
+    use axum::routing::post;
+    let opts = Options {
+        extra_routes: Some(axum::Router::new().route(
+            "/boom",
+            post(|| async {
+                if true {
+                    panic!("boom");
+                }
+                ""
+            }),
+        )),
+        ..Options::default()
+    };
+    let server = TestServer::start_with(Arc::new(fixture_state()), opts).await;
+    for proto in BOTH {
+        let mut c = server.connect(proto).await;
+        let r = c
+            .send("POST", "/boom", Some("application/json"), b"{}".to_vec())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 500);
+        assert!(r.text().contains("internal error"), "{}", r.text());
+        let mut c = server.connect(proto).await;
+        let r = c
+            .review(GUARD, fixture("delete-configmap-by-syncer.json"))
+            .await;
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(server.app.metrics.panics.get(), 2);
+    assert_eq!(
+        server.app.metrics.in_flight.get(),
+        0,
+        "a panic does not leak an in-flight slot"
+    );
+    server.stop().await;
+}
+
+/// Prometheus text format: `name{labels} value` lines; returns (name, labels, value).
+fn parse_metrics(text: &str) -> Vec<(String, String, f64)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            assert!(
+                line.starts_with("# HELP ") || line.starts_with("# TYPE ") || line == "# EOF",
+                "bad line {line:?}"
+            );
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let (name, labels) = match series.split_once('{') {
+            Some((n, l)) => (n.to_string(), l.trim_end_matches('}').to_string()),
+            None => (series.to_string(), String::new()),
+        };
+        out.push((name, labels, value));
+    }
+    assert!(
+        text.trim_end().ends_with("# EOF"),
+        "OpenMetrics text ends with # EOF"
+    );
+    out
+}
+
+#[tokio::test]
+async fn metrics_parse_and_count_what_was_sent() {
+    let server = TestServer::start(fixture_state()).await;
+    let mut c = server.connect(Proto::H2).await;
+    for _ in 0..3 {
+        c.review(GUARD, fixture("delete-configmap-by-syncer.json"))
+            .await;
+    }
+    for _ in 0..2 {
+        c.review(GUARD, fixture("delete-secret-by-admin.json"))
+            .await;
+    }
+    c.send("POST", GUARD, Some("application/json"), b"nope".to_vec())
+        .await
+        .unwrap();
+    c.review(
+        "/mutate/move-window",
+        fixture("create-deployment-capi.json"),
+    )
+    .await;
+    let r = c.get("/metrics").await;
+    assert_eq!(r.status, 200);
+    assert!(r.content_type.starts_with("application/openmetrics-text"));
+    let m = parse_metrics(&r.text());
+    let get = |name: &str, labels: &[&str]| -> f64 {
+        m.iter()
+            .filter(|(n, l, _)| {
+                n == name && labels.iter().all(|want| l.split(',').any(|x| x == *want))
+            })
+            .map(|(_, _, v)| v)
+            .sum()
+    };
+    assert_eq!(
+        get(
+            "handoff_admission_requests_total",
+            &[
+                "webhook=\"sync-finalizer\"",
+                "verdict=\"deny\"",
+                "operation=\"DELETE\"",
+                "code=\"200\""
+            ]
+        ),
+        3.0
+    );
+    assert_eq!(
+        get(
+            "handoff_admission_requests_total",
+            &["webhook=\"sync-finalizer\"", "verdict=\"allow\""]
+        ),
+        2.0
+    );
+    assert_eq!(
+        get(
+            "handoff_admission_requests_total",
+            &["verdict=\"error\"", "code=\"400\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        get(
+            "handoff_admission_requests_total",
+            &["webhook=\"move-window\"", "verdict=\"allow\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        get(
+            "handoff_admission_duration_seconds_count",
+            &["webhook=\"sync-finalizer\""]
+        ),
+        6.0
+    );
+    assert!(
+        m.iter()
+            .any(|(n, l, _)| n == "handoff_admission_duration_seconds_bucket"
+                && l.contains("le=\"0.00005\"")),
+        "50 µs bucket"
+    );
+    assert_eq!(get("handoff_namespace_cache_size", &[]), 2.0);
+    assert_eq!(get("handoff_in_flight_requests", &[]), 0.0);
+    for name in [
+        "handoff_handler_panics_total",
+        "handoff_certificate_reloads_total",
+        "handoff_certificate_reload_errors_total",
+        "handoff_open_move_windows",
+        "handoff_pinned_deployments",
+        "handoff_shed_requests_total",
+    ] {
+        assert!(m.iter().any(|(n, _, _)| n == name), "{name} missing");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn client_certificates_are_required_when_a_client_ca_is_given() {
+    let client_ca = Ca::new("API server client CA", 1).unwrap();
+    let other_ca = Ca::new("someone else", 1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_file, &client_ca.cert_pem).unwrap();
+    let opts = Options {
+        client_ca: Some(ca_file),
+        ..Options::default()
+    };
+    let server = TestServer::start_with(Arc::new(fixture_state()), opts).await;
+    let good = client_ca.client_cert("kube-apiserver", 1).unwrap();
+    let bad = other_ca.client_cert("kube-apiserver", 1).unwrap();
+    for proto in BOTH {
+        let mut c = Client::connect(
+            server.addr,
+            &server.ca.cert_pem,
+            proto,
+            Some((&good.0, &good.1)),
+        )
+        .await
+        .expect("the CA's client is accepted");
+        assert_eq!(
+            c.review(GUARD, fixture("delete-secret-by-admin.json"))
+                .await
+                .status,
+            200
+        );
+        for (name, cert) in [
+            ("no certificate", None),
+            ("another CA's certificate", Some((&bad.0[..], &bad.1[..]))),
+        ] {
+            // TLS 1.3 finishes the client's side of the handshake before the server checks the
+            // certificate, so the refusal shows on the first request at the latest.
+            let refused = match Client::connect(server.addr, &server.ca.cert_pem, proto, cert).await
+            {
+                Err(_) => true,
+                Ok(mut c) => c
+                    .send(
+                        "POST",
+                        GUARD,
+                        Some("application/json"),
+                        fixture("delete-secret-by-admin.json"),
+                    )
+                    .await
+                    .is_err(),
+            };
+            assert!(refused, "{name} over {proto:?} was served");
+        }
+    }
+    server.stop().await;
+}
