@@ -312,9 +312,9 @@ async fn client_for(
             };
             kube::Config::from_kubeconfig(&opts).await.context("--context")?
         }
-        None => kube::Config::infer().await.context(
-            "no cluster to read state from (not in a cluster, no kubeconfig); pass --kubeconfig, or --state DIR to run without one",
-        )?,
+        None => kube::Config::infer()
+            .await
+            .context("no cluster found (not in a cluster, no kubeconfig); pass --kubeconfig")?,
     };
     kube::Client::try_from(config).context("cannot build a Kubernetes client")
 }
@@ -410,7 +410,9 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
         state.api_timeout = args.api_timeout;
         return Ok((state, None));
     }
-    let client = kube_client(args).await?;
+    let client = kube_client(args)
+        .await
+        .context("state comes from a cluster unless --state DIR is given")?;
     let mut state = State::new(ids);
     state.api_timeout = args.api_timeout;
     state.own = args.own_deployment.clone();

@@ -248,6 +248,9 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
     if rest.is_empty() {
         return None;
     }
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
     while !rest.is_empty() {
         let digits = rest
             .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -533,6 +536,9 @@ mod tests {
             Duration::from_millis(250)
         );
         assert_eq!(request_timeout(Some("timeout=bogus"), d), d);
+        assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_go_duration("1h2m3s"), Some(Duration::from_secs(3723)));
+        assert_eq!(parse_go_duration("10"), None);
         assert_eq!(request_timeout(Some("timeout="), d), d);
         assert_eq!(request_timeout(None, d), d);
     }
