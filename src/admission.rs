@@ -144,10 +144,61 @@ impl ObjectMetaView {
 
 /// `spec.replicas` is all either webhook reads of a spec; it is the same field on a Deployment
 /// and on an `autoscaling/v1` Scale.
-#[derive(Debug, Clone, Default, Deserialize)]
+///
+/// Decoding is lenient: the object being deleted may be any custom resource, whose `spec` can
+/// be anything (a string, `replicas: "3"`, a number past i32). Such a shape reads as "no
+/// replicas" instead of failing the whole review, which would refuse an unrelated delete.
+#[derive(Debug, Clone, Default)]
 pub struct SpecView {
-    #[serde(default)]
     pub replicas: Option<i32>,
+}
+
+impl<'de> Deserialize<'de> for SpecView {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, SeqAccess};
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = SpecView;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SpecView, A::Error> {
+                let mut replicas = None;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "replicas" {
+                        let v: serde_json::Value = map.next_value()?;
+                        replicas = v.as_i64().and_then(|n| i32::try_from(n).ok());
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(SpecView { replicas })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SpecView, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(SpecView::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<SpecView, E> {
+                Ok(SpecView::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<SpecView, E> {
+                Ok(SpecView::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<SpecView, E> {
+                Ok(SpecView::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<SpecView, E> {
+                Ok(SpecView::default())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<SpecView, E> {
+                Ok(SpecView::default())
+            }
+            fn visit_unit<E>(self) -> Result<SpecView, E> {
+                Ok(SpecView::default())
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -375,6 +426,28 @@ mod tests {
         for (body, want) in cases {
             let err = decode_review(body.as_bytes()).unwrap_err().to_string();
             assert!(err.contains(want), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn any_spec_shape_of_a_deleted_object_decodes() {
+        for (spec, want) in [
+            (r#""x""#, None),
+            (r#"{"replicas":"3"}"#, None),
+            (r#"{"replicas":5000000000}"#, None),
+            (r#"{"replicas":2.5}"#, None),
+            (r#"[1,{"a":2}]"#, None),
+            ("true", None),
+            ("7", None),
+            ("null", None),
+            (r#"{"other":{"deep":[1,2]},"replicas":4}"#, Some(4)),
+        ] {
+            let body = format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","operation":"DELETE","oldObject":{{"metadata":{{"name":"x"}},"spec":{spec}}}}}}}"#
+            );
+            let req = decode_review(body.as_bytes()).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            let replicas = req.old_object.unwrap().spec.and_then(|s| s.replicas);
+            assert_eq!(replicas, want, "{spec}");
         }
     }
 

@@ -310,7 +310,9 @@ async fn client_for(
                 context: args.context.clone(),
                 ..Default::default()
             };
-            kube::Config::from_kubeconfig(&opts).await.context("--context")?
+            kube::Config::from_kubeconfig(&opts)
+                .await
+                .context("--context")?
         }
         None => kube::Config::infer()
             .await
@@ -382,6 +384,7 @@ async fn window(a: WindowArgs) -> anyhow::Result<()> {
                 name,
                 restore_timeout,
                 poll: Duration::from_millis(500),
+                settle: Duration::from_secs(3),
             };
             ops::close(&ordered, &opts, &mut out).await?;
         }
@@ -408,6 +411,7 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
         let mut state =
             State::from_dir(dir, ids).with_context(|| format!("--state {}", dir.display()))?;
         state.api_timeout = args.api_timeout;
+        state.own = args.own_deployment.clone();
         return Ok((state, None));
     }
     let client = kube_client(args)

@@ -100,8 +100,16 @@ async fn decide_move_window(state: &State, req: &AdmissionRequest) -> Decision {
         (true, "scale", Operation::Update) => true,
         _ => return Decision::allow(req, "not-applicable"),
     };
+    if !state.windows.is_synced() {
+        return Decision::deny(
+            req,
+            "state-unavailable",
+            "handoff has not yet read the MoveWindows from the API server, so it cannot tell whether this Deployment must stay at 0 replicas; retry in a moment".to_string(),
+        );
+    }
     let windows = state.windows.open();
-    if windows.is_empty() {
+    let invalid = state.windows.invalid();
+    if windows.is_empty() && invalid.is_empty() {
         return Decision::allow(req, "no-open-window");
     }
     let Some(object) = req.object.as_ref() else {
@@ -144,6 +152,28 @@ async fn decide_move_window(state: &State, req: &AdmissionRequest) -> Decision {
         name,
         target,
     };
+    if !invalid.is_empty() {
+        // An open window whose selector cannot be read might select this Deployment. Refuse
+        // the writes that Cluster API's default selector would pin, rather than let a
+        // controller start mid-move; everything else passes.
+        let fallback = [move_window::OpenWindow {
+            name: "(invalid selector)".into(),
+            selector: crate::window::resource::MoveWindowSpec::default_selector(),
+        }];
+        if matches!(
+            move_window::decide(&pin, &fallback, &state.own),
+            PinVerdict::Pin { .. } | PinVerdict::Deny { .. }
+        ) {
+            return Decision::deny(
+                req,
+                "invalid-window",
+                format!(
+                    "{}; until it is fixed or closed, handoff refuses writes to Cluster API controller Deployments that it might have to pin",
+                    invalid.join("; ")
+                ),
+            );
+        }
+    }
     match move_window::decide(&pin, &windows, &state.own) {
         PinVerdict::Allow(reason) => Decision::allow(req, reason),
         PinVerdict::Deny { reason, message } => Decision::deny(req, reason, message),

@@ -43,6 +43,34 @@ fn review_decides_a_file_against_state() {
 }
 
 #[test]
+fn own_deployment_is_honoured_with_state_files() {
+    // The embedded default state holds an open window selecting capi-controller-manager.
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let review = examples.join("reviews/scale-capi-controller.json");
+    let (ok, out, err) = run(handoff()
+        .arg("review")
+        .arg(&review)
+        .arg("--state")
+        .arg(examples.join("state")));
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["response"]["patchType"], "JSONPatch");
+    let (ok, out, err) = run(handoff()
+        .arg("review")
+        .arg(&review)
+        .arg("--state")
+        .arg(examples.join("state"))
+        .args(["--own-deployment", "capi-system/capi-controller-manager"]));
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    assert!(
+        v["response"].get("patch").is_none(),
+        "own Deployment pinned: {v}"
+    );
+}
+
+#[test]
 fn review_reads_stdin() {
     let body = std::fs::read(fixtures_dir().join("delete-namespace-by-syncer-1.json")).unwrap();
     let mut child = handoff()

@@ -228,6 +228,11 @@ async fn own_deployment_and_unselected_deployments_pass() {
     let r = client
         .review(PATH, serde_json::to_vec(&review).unwrap())
         .await;
+    assert_eq!(
+        r.json()["response"]["allowed"],
+        true,
+        "own Deployment pinned"
+    );
     assert!(
         r.json()["response"].get("patch").is_none(),
         "own Deployment pinned"
@@ -239,9 +244,68 @@ async fn own_deployment_and_unselected_deployments_pass() {
     let r = client
         .review(PATH, serde_json::to_vec(&review).unwrap())
         .await;
+    assert_eq!(
+        r.json()["response"]["allowed"],
+        true,
+        "unselected Deployment pinned"
+    );
     assert!(
         r.json()["response"].get("patch").is_none(),
         "unselected Deployment pinned"
     );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unsynced_windows_and_unreadable_selectors_fail_closed() {
+    // Before the first list of MoveWindows: refuse, do not guess "no window".
+    let state = State::new(Default::default());
+    let server = TestServer::start_with(Arc::new(state), Options::default()).await;
+    let mut client = server.connect(support::https::Proto::H1).await;
+    let r = client
+        .review(PATH, fixture("create-deployment-capi.json"))
+        .await;
+    let r = &r.json()["response"];
+    assert_eq!(r["allowed"], false);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not yet read the MoveWindows"),
+        "{r}"
+    );
+    server.stop().await;
+
+    // An open window whose selector cannot be evaluated.
+    let state = fixture_state();
+    let mut w = window(WindowState::Open);
+    w.spec.deployment_selector = Some(
+        serde_json::from_value(
+            serde_json::json!({"matchExpressions": [{"key": "tier", "operator": "exists"}]}),
+        )
+        .unwrap(),
+    );
+    w.metadata.name = Some("typo".into());
+    state.windows.upsert(&w);
+    let server = TestServer::start_with(Arc::new(state), Options::default()).await;
+    let mut client = server.connect(support::https::Proto::H2).await;
+    let r = client
+        .review(PATH, fixture("create-deployment-capi.json"))
+        .await;
+    let r = &r.json()["response"];
+    assert_eq!(r["allowed"], false, "{r}");
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("MoveWindow \"typo\" is open") && msg.contains("exists"),
+        "{msg}"
+    );
+    // A Deployment no Cluster API selector would pick passes.
+    let mut other: serde_json::Value =
+        serde_json::from_slice(&fixture("create-deployment-capi.json")).unwrap();
+    other["request"]["object"]["metadata"]["labels"] = serde_json::json!({"app": "web"});
+    let r = client
+        .review(PATH, serde_json::to_vec(&other).unwrap())
+        .await;
+    assert_eq!(r.json()["response"]["allowed"], true);
     server.stop().await;
 }

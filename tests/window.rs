@@ -131,6 +131,7 @@ fn close_opts() -> CloseOptions {
         name: "capi-move".into(),
         restore_timeout: Duration::from_secs(5),
         poll: Duration::from_millis(20),
+        settle: Duration::from_millis(100),
     }
 }
 
@@ -565,4 +566,150 @@ async fn status_shows_windows_deployments_and_saved_counts() {
     let json = serde_json::to_value(&views).unwrap();
     assert_eq!(json[0]["deployments"][1]["name"], "capi-controller-manager");
     assert_eq!(json[0]["deployments"][1]["recorded"], 3);
+}
+
+#[tokio::test]
+async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the_rest() {
+    let source = Arc::new(FakeApi::start().await);
+    let target = Arc::new(FakeApi::start().await);
+    seed(&source);
+    seed(&target);
+    let _c = run_deployment_controller(source.clone());
+    let clusters = [
+        cluster(&source, "source", Some(MoveRole::Source)),
+        cluster(&target, "target", Some(MoveRole::Target)),
+    ];
+    // The target accepts reads but no writes: its window cannot be created.
+    target.fail_writes_after(Some(0));
+    assert!(
+        ops::open(&clusters, &open_opts(), &mut Vec::new())
+            .await
+            .is_err()
+    );
+    // Nothing was pinned anywhere: every window is created before any Deployment is touched.
+    assert_eq!(
+        dep(&source, "capi-system", "capi-controller-manager"),
+        (3, None)
+    );
+    assert_eq!(
+        dep(&target, "capi-system", "capi-controller-manager"),
+        (3, None)
+    );
+    // Closing with both clusters finishes on the source although the target has no window.
+    target.fail_writes_after(None);
+    let mut out = Vec::new();
+    ops::close(
+        &[clusters[1].clone(), clusters[0].clone()],
+        &close_opts(),
+        &mut out,
+    )
+    .await
+    .unwrap();
+    let log = String::from_utf8(out).unwrap();
+    assert!(
+        log.contains("target: there is no MoveWindow capi-move"),
+        "{log}"
+    );
+    let w = source
+        .get("handoff.dev/v1alpha1", "MoveWindow", None, "capi-move")
+        .unwrap();
+    assert_eq!(w["spec"]["state"], "Closed");
+    // A name that exists nowhere is an error.
+    let err = ops::close(
+        &clusters,
+        &CloseOptions {
+            name: "nope".into(),
+            ..close_opts()
+        },
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("there is no MoveWindow nope"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn preflight_checks_the_selector_of_an_existing_window() {
+    let fake = Arc::new(FakeApi::start().await);
+    seed(&fake);
+    // A window created by hand that selects the web frontend, which serves a fail-closed webhook.
+    fake.put(json!({"apiVersion": "handoff.dev/v1alpha1", "kind": "MoveWindow", "metadata": {"name": "capi-move"},
+        "spec": {"state": "Closed", "deploymentSelector": {"matchLabels": {"app": "frontend"}}}}));
+    fake.put(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "frontend", "namespace": "web"},
+        "spec": {"selector": {"app": "frontend"}, "ports": [{"port": 443}]}}));
+    fake.put(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "web"},
+        "webhooks": [{"name": "web.example.com", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+            "clientConfig": {"service": {"name": "frontend", "namespace": "web"}}}]}));
+    let err = ops::open(
+        &[cluster(&fake, "cluster", None)],
+        &open_opts(),
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("Deployment web/frontend backs Service web/frontend"),
+        "{err}"
+    );
+    assert_eq!(dep(&fake, "web", "frontend"), (4, None));
+}
+
+#[tokio::test]
+async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
+    let fake = Arc::new(FakeApi::start().await);
+    seed(&fake);
+    let _c = run_deployment_controller(fake.clone());
+    let clusters = [cluster(&fake, "cluster", None)];
+    ops::open(&clusters, &open_opts(), &mut Vec::new())
+        .await
+        .unwrap();
+    // A handoff replica whose cache lags 300 ms behind the close pins the Deployment again
+    // whenever it sees it restored, within a millisecond, until it catches up.
+    let repinner = {
+        let fake = fake.clone();
+        tokio::spawn(async move {
+            let mut repinned = 0;
+            let start = tokio::time::Instant::now();
+            while start.elapsed() < Duration::from_millis(300) {
+                if let Some(mut d) = fake.get(
+                    "apps/v1",
+                    "Deployment",
+                    Some("capi-system"),
+                    "capi-controller-manager",
+                ) && d["spec"]["replicas"] != 0
+                {
+                    let asked = d["spec"]["replicas"].clone();
+                    d["spec"]["replicas"] = 0.into();
+                    d["metadata"]["annotations"][SAVED] = asked.to_string().into();
+                    fake.put(d);
+                    repinned += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            repinned
+        })
+    };
+    ops::close(&clusters, &close_opts(), &mut Vec::new())
+        .await
+        .unwrap();
+    assert!(
+        repinner.await.unwrap() >= 1,
+        "the stale replica never acted"
+    );
+    assert_eq!(
+        dep(&fake, "capi-system", "capi-controller-manager"),
+        (3, None)
+    );
+    let pins = fake
+        .writes()
+        .iter()
+        .filter(|w| w.contains("capi-system/deployments/capi-controller-manager"))
+        .count();
+    assert!(pins >= 4, "close restored more than once: {pins}");
 }

@@ -72,9 +72,16 @@ pub fn sync_target_key(cluster: &str, name: &str, scheme: KeyScheme) -> SyncTarg
 }
 
 /// The 8-character id in the syncer's ServiceAccount name, from the SyncTarget's UID.
+///
+/// kcp writes it with `github.com/martinlindhe/base36`, which, unlike `big.Int.Text`, keeps one
+/// `0` for every leading zero byte of the digest (about one UID in 256 has one).
 pub fn syncer_id(sync_target_uid: &str) -> String {
     let digest = Sha224::digest(sync_target_uid.as_bytes());
-    let mut s = big_endian_to_base(&digest, &BASE62[..36]);
+    let zeros = digest.iter().take_while(|b| **b == 0).count();
+    let mut s = "0".repeat(zeros);
+    if zeros < digest.len() {
+        s.push_str(&big_endian_to_base(&digest, &BASE62[..36]));
+    }
     s.truncate(8);
     s
 }
@@ -374,6 +381,11 @@ mod tests {
         assert_eq!(
             syncer_id("3f2d1e43-7c38-4c36-9d1c-6c4bcc4e0d5b"),
             "1i4xa7bp"
+        );
+        // The digest starts with a zero byte: martinlindhe/base36 keeps a leading "0".
+        assert_eq!(
+            syncer_id("00000000-0000-0000-0000-000000000189"),
+            "0fmqaeax"
         );
     }
 

@@ -116,23 +116,32 @@ pub fn decide(req: &PinRequest<'_>, windows: &[OpenWindow], own: &OwnDeployment)
             else {
                 return PinVerdict::Allow("not-selected");
             };
-            let asked = object
-                .spec
+            let asked = object.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let present = object
+                .metadata
+                .annotations
                 .as_ref()
-                .map_or(Some(1), |s| s.replicas.or(Some(1)));
-            let asked = asked.unwrap_or(1);
+                .and_then(|a| a.get(SAVED_REPLICAS_ANNOTATION));
+            // `Some` = the count to keep; `None` = leave an unreadable annotation alone, for
+            // `handoff window close` to report (it restores such a Deployment to 1).
             let saved = if asked == 0 {
                 // Asking for 0 while pinned is what every pinned write looks like; the count
                 // to restore stays, even when the client dropped the annotation.
-                SavedReplicas::from_annotations(object.metadata.annotations.as_ref())
-                    .or_else(|| {
-                        old_object.and_then(|o| {
-                            SavedReplicas::from_annotations(o.metadata.annotations.as_ref())
-                        })
+                let readable = SavedReplicas::from_annotations(
+                    object.metadata.annotations.as_ref(),
+                )
+                .or_else(|| {
+                    old_object.and_then(|o| {
+                        SavedReplicas::from_annotations(o.metadata.annotations.as_ref())
                     })
-                    .unwrap_or(SavedReplicas(0))
+                });
+                match (readable, present) {
+                    (Some(s), _) => Some(s),
+                    (None, Some(_)) => None,
+                    (None, None) => Some(SavedReplicas(0)),
+                }
             } else {
-                SavedReplicas(asked)
+                Some(SavedReplicas(asked))
             };
             let mut ops = Vec::with_capacity(2);
             match object.spec.as_ref() {
@@ -146,6 +155,19 @@ pub fn decide(req: &PinRequest<'_>, windows: &[OpenWindow], own: &OwnDeployment)
                 }),
                 Some(_) => {}
             }
+            let Some(saved) = saved else {
+                return PinVerdict::Pin {
+                    warning: format!(
+                        "MoveWindow \"{}\" pins Deployment {what} to 0 replicas; its {SAVED_REPLICAS_ANNOTATION} annotation {:?} is unreadable, so it will be restored to 1 when the window closes unless you set it",
+                        w.name,
+                        present.map(String::as_str).unwrap_or_default()
+                    ),
+                    window: w.name.clone(),
+                    ops,
+                    restore_to: SavedReplicas(1),
+                    reason: "pinned-unreadable-count",
+                };
+            };
             let saved_text = saved.to_string();
             match object.metadata.annotations.as_ref() {
                 None => ops.push(PatchOp::Add {
@@ -387,6 +409,15 @@ mod tests {
                 1,
             ),
             (
+                "unreadable everywhere: left alone for close to report, restores to 1",
+                Some(0),
+                Some("lots"),
+                Some("many"),
+                true,
+                Some(1),
+                0,
+            ),
+            (
                 "not selected: untouched",
                 Some(3),
                 None,
@@ -427,9 +458,15 @@ mod tests {
                     );
                     let (replicas, saved) = apply(&obj, &v);
                     assert_eq!(replicas, Some(0), "{name}");
-                    assert_eq!(saved, Some(w.to_string()), "{name}");
+                    // Without annotation ops the annotation stays as it was (an unreadable one
+                    // is left for `window close` to report).
+                    let want_ann = match (*n_ops, ann) {
+                        (0, Some(a)) => a.to_string(),
+                        _ => w.to_string(),
+                    };
+                    assert_eq!(saved.as_deref(), Some(want_ann.as_str()), "{name}");
                     // Idempotent: deciding the patched object again changes nothing.
-                    let patched = deployment(Some(0), Some(&w.to_string()), true);
+                    let patched = deployment(Some(0), Some(&want_ann), true);
                     let again = decide(
                         &PinRequest {
                             target: PinTarget::Deployment {

@@ -113,7 +113,17 @@ impl<'a> DeleteRequest<'a> {
         let namespace = if is_namespace {
             name.or(req.namespace.as_deref())
         } else {
-            req.namespace.as_deref().filter(|n| !n.is_empty())
+            // The API server always sets `namespace` for namespaced objects; the object's own
+            // metadata is the fallback, so a missing field cannot skip rule 1.
+            req.namespace
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .or_else(|| {
+                    req.old_object
+                        .as_ref()
+                        .and_then(|o| o.metadata.namespace.as_deref())
+                        .filter(|n| !n.is_empty())
+                })
         };
         Some(DeleteRequest {
             username: &req.user_info.username,
@@ -653,6 +663,60 @@ mod tests {
             !message.contains('\n'),
             "kubectl prints one line: {message}"
         );
+    }
+
+    fn review(json: serde_json::Value) -> crate::admission::AdmissionRequest {
+        let mut body =
+            serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"});
+        body["request"] = json;
+        crate::admission::decode_review(&serde_json::to_vec(&body).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn delete_requests_from_reviews() {
+        let ids = ids();
+        // A namespaced delete without `namespace` falls back to the object's metadata.
+        let r = review(
+            serde_json::json!({"uid": "u", "operation": "DELETE", "name": "cm",
+            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+            "userInfo": {"username": SYNCER},
+            "oldObject": {"metadata": {"name": "cm", "namespace": "kcp-ns"}}}),
+        );
+        let d = DeleteRequest::from_review(&r).unwrap();
+        assert_eq!(d.namespace, Some("kcp-ns"));
+        assert_eq!(d.namespace_to_read(&ids), Some("kcp-ns"));
+        assert!(!d.collection_item);
+        // A Namespace delete: the namespace is the object, whatever `namespace` says.
+        let r = review(
+            serde_json::json!({"uid": "u", "operation": "DELETE", "name": "kcp-ns", "namespace": "kcp-ns",
+            "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+            "userInfo": {"username": "admin"}, "oldObject": null}),
+        );
+        let d = DeleteRequest::from_review(&r).unwrap();
+        assert!(d.is_namespace);
+        assert_eq!(d.namespace, Some("kcp-ns"));
+        assert_eq!(d.namespace_to_read(&ids), None, "admin is never looked up");
+        // A delete-collection item: no `name` key, the item in oldObject.
+        let r = review(
+            serde_json::json!({"uid": "u", "operation": "DELETE", "namespace": "kcp-ns",
+            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+            "userInfo": {"username": SYNCER}, "oldObject": {"metadata": {"name": "a"}}}),
+        );
+        let d = DeleteRequest::from_review(&r).unwrap();
+        assert!(d.collection_item);
+        assert_eq!(d.name, Some("a"));
+        // A collection-level call: empty name, no object.
+        let r = review(
+            serde_json::json!({"uid": "u", "operation": "DELETE", "namespace": "kcp-ns", "name": "",
+            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+            "userInfo": {"username": SYNCER}}),
+        );
+        let d = DeleteRequest::from_review(&r).unwrap();
+        assert_eq!(d.name, None);
+        assert!(!d.collection_item);
+        // Not a delete.
+        let r = review(serde_json::json!({"uid": "u", "operation": "CREATE"}));
+        assert!(DeleteRequest::from_review(&r).is_none());
     }
 
     #[test]

@@ -7,26 +7,36 @@ use std::sync::{Arc, RwLock};
 use crate::policy::move_window::{OpenWindow, SAVED_REPLICAS_ANNOTATION};
 use crate::window::resource::MoveWindow;
 
+/// What the cache keeps of one MoveWindow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    Closed,
+    Open(OpenWindow),
+    /// Open, with a `deploymentSelector` that does not parse: the reason.
+    Invalid(String),
+}
+
 /// Every MoveWindow by name; the open ones compiled for the pin.
 #[derive(Default)]
 pub struct WindowCache {
-    all: RwLock<BTreeMap<String, Option<OpenWindow>>>,
+    all: RwLock<BTreeMap<String, Entry>>,
     /// Rebuilt on every change so a request takes one `Arc` clone, no lock held while deciding.
     open: RwLock<Arc<Vec<OpenWindow>>>,
-    relist: RwLock<Option<BTreeMap<String, Option<OpenWindow>>>>,
+    invalid: RwLock<Arc<Vec<String>>>,
+    relist: RwLock<Option<BTreeMap<String, Entry>>>,
     synced: AtomicBool,
 }
 
-fn compile(w: &MoveWindow) -> Option<OpenWindow> {
+fn compile(w: &MoveWindow) -> Entry {
     let name = w.metadata.name.clone().unwrap_or_default();
     if !w.spec.is_open() {
-        return None;
+        return Entry::Closed;
     }
     match w.spec.selector() {
-        Ok(selector) => Some(OpenWindow { name, selector }),
+        Ok(selector) => Entry::Open(OpenWindow { name, selector }),
         Err(e) => {
-            tracing::error!(window = %name, error = %e, "open MoveWindow has an invalid deploymentSelector; it pins nothing until fixed");
-            None
+            tracing::error!(window = %name, error = %e, "open MoveWindow has an invalid deploymentSelector");
+            Entry::Invalid(format!("MoveWindow \"{name}\" is open but its spec.{e}"))
         }
     }
 }
@@ -36,9 +46,26 @@ impl WindowCache {
         self.open.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn publish(&self, all: &BTreeMap<String, Option<OpenWindow>>) {
-        let open: Vec<OpenWindow> = all.values().flatten().cloned().collect();
+    /// Open windows whose selector cannot be evaluated, as messages.
+    pub fn invalid(&self) -> Arc<Vec<String>> {
+        self.invalid
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn publish(&self, all: &BTreeMap<String, Entry>) {
+        let mut open = Vec::new();
+        let mut invalid = Vec::new();
+        for e in all.values() {
+            match e {
+                Entry::Open(w) => open.push(w.clone()),
+                Entry::Invalid(why) => invalid.push(why.clone()),
+                Entry::Closed => {}
+            }
+        }
         *self.open.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(open);
+        *self.invalid.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(invalid);
     }
 
     pub fn upsert(&self, w: &MoveWindow) {
@@ -71,12 +98,12 @@ impl WindowCache {
     }
 
     pub fn end_relist(&self) {
-        if let Some(buf) = self
+        let buf = self
             .relist
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+            .take();
+        if let Some(buf) = buf {
             let mut all = self.all.write().unwrap_or_else(|e| e.into_inner());
             *all = buf;
             self.publish(&all);

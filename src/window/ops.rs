@@ -118,6 +118,9 @@ pub struct CloseOptions {
     /// window close.
     pub restore_timeout: Duration,
     pub poll: Duration,
+    /// After restoring, wait this long and check again: a handoff replica whose cache lags
+    /// may pin a Deployment once more just after it was restored.
+    pub settle: Duration,
 }
 
 fn dep_key(d: &Deployment) -> (String, String) {
@@ -283,24 +286,47 @@ pub async fn preflight(
 async fn record(
     c: &Cluster,
     name: &str,
-    f: impl FnOnce(&mut MoveWindowStatus),
+    f: impl Fn(&mut MoveWindowStatus),
 ) -> Result<MoveWindowStatus> {
     let api: Api<MoveWindow> = Api::all(c.client.clone());
-    let w = api
-        .get(name)
-        .await
-        .map_err(api_err(c, format!("reading MoveWindow {name}")))?;
-    let mut status = w.status.unwrap_or_default();
-    f(&mut status);
-    status.pinned_count = status.pinned.len() as i32;
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await
-    .map_err(api_err(c, format!("recording status of MoveWindow {name}")))?;
-    Ok(status)
+    // Read-modify-write guarded by resourceVersion: a concurrent run of another command makes
+    // this one read again instead of overwriting what the other recorded.
+    for _attempt in 0..5 {
+        let w = api
+            .get(name)
+            .await
+            .map_err(api_err(c, format!("reading MoveWindow {name}")))?;
+        let mut status = w.status.unwrap_or_default();
+        f(&mut status);
+        status.pinned_count = status.pinned.len() as i32;
+        let mut body = serde_json::to_value(&status).expect("status serializes");
+        // A merge patch leaves out what it does not mention: clear unset fields explicitly.
+        for field in ["phase", "openedAt", "podsGoneAt", "closedAt", "lastStep"] {
+            body.as_object_mut()
+                .expect("status is an object")
+                .entry(field)
+                .or_insert(serde_json::Value::Null);
+        }
+        body["pinned"] = serde_json::to_value(&status.pinned).expect("pinned serializes");
+        let patch = json!({
+            "metadata": {"resourceVersion": w.metadata.resource_version},
+            "status": body
+        });
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => return Ok(status),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => {
+                return Err(api_err(c, format!("recording status of MoveWindow {name}"))(e));
+            }
+        }
+    }
+    Err(WindowError::Refused {
+        cluster: c.label.clone(),
+        message: format!("MoveWindow {name} kept changing under us; run the command again"),
+    })
 }
 
 fn upsert_pinned(status: &mut MoveWindowStatus, entry: PinnedDeployment) {
@@ -374,6 +400,11 @@ async fn ensure_open(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write) -> Re
     })?;
     record(c, &opts.name, |s| {
         if s.phase.as_deref() != Some("Open") {
+            // A new opening: what an earlier window recorded about its pods no longer holds.
+            if s.phase.as_deref() != Some("Opening") {
+                s.pods_gone_at = None;
+                s.opened_at = None;
+            }
             s.phase = Some("Opening".into());
         }
         s.opened_at.get_or_insert_with(now);
@@ -412,7 +443,10 @@ async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut dyn Write) 
             // Pinned, with an annotation nobody can read: leave it for close to report.
             (0, None, true) => return Ok(1),
             (0, None, false) => (
-                json!({"metadata": {"annotations": {SAVED_REPLICAS_ANNOTATION: "0"}}}),
+                json!({"metadata": {
+                    "resourceVersion": d.metadata.resource_version,
+                    "annotations": {SAVED_REPLICAS_ANNOTATION: "0"}
+                }}),
                 0,
             ),
             (n, _, _) => (
@@ -450,13 +484,14 @@ async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut dyn Write) 
 }
 
 /// Open steps 1–3 on one cluster (preflight happens before, for every cluster).
-async fn open_one(
+/// Pin every Deployment the window selects on one cluster, recording each.
+async fn pin_selected(
     c: &Cluster,
     opts: &OpenOptions,
+    selector: &Selector,
     out: &mut dyn Write,
 ) -> Result<Vec<(String, String)>> {
-    let selector = ensure_open(c, opts, out).await?;
-    let deployments = selected_deployments(c, &selector, &opts.own).await?;
+    let deployments = selected_deployments(c, selector, &opts.own).await?;
     if deployments.is_empty() {
         let _ = writeln!(out, "{}: no Deployment matches {selector}", c.label);
     }
@@ -556,23 +591,15 @@ async fn wait_pods_gone(
 /// Open a window on every cluster: preflight all, then create and pin on each (source first),
 /// then wait until the pinned pods are gone everywhere.
 pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write) -> Result<()> {
-    let selector = match &opts.selector {
-        Some(s) => Selector::from_label_selector(s).map_err(|e| WindowError::Refused {
-            cluster: "all".into(),
-            message: format!("--selector: {e}"),
-        })?,
-        None => MoveWindowSpec {
-            state: WindowState::Open,
-            deployment_selector: None,
-            reason: None,
-            role: None,
-        }
-        .selector()
-        .expect("the default selector is valid"),
-    };
-    let mut findings = Vec::new();
+    // The selector in force on each cluster: an existing window's own (it is what will be
+    // pinned), else --selector, else the Cluster API default. Preflight checks exactly that.
+    let mut selectors = Vec::new();
     for c in clusters {
-        findings.extend(preflight(c, &selector, &opts.own).await?);
+        selectors.push(selector_in_force(c, opts).await?);
+    }
+    let mut findings = Vec::new();
+    for (c, selector) in clusters.iter().zip(&selectors) {
+        findings.extend(preflight(c, selector, &opts.own).await?);
     }
     if !findings.is_empty() {
         if !opts.allow_webhook_outage {
@@ -582,9 +609,15 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
             let _ = writeln!(out, "warning: {f} (allowed by --allow-webhook-outage)");
         }
     }
-    let mut opened = Vec::new();
+    // Every window exists and is open before any Deployment is pinned anywhere, so a cluster
+    // that fails here leaves no controller stopped without a window to close.
+    let mut in_force = Vec::new();
     for c in clusters {
-        let keys = open_one(c, opts, out).await?;
+        in_force.push(ensure_open(c, opts, out).await?);
+    }
+    let mut opened = Vec::new();
+    for (c, selector) in clusters.iter().zip(&in_force) {
+        let keys = pin_selected(c, opts, selector, out).await?;
         opened.push((c.clone(), keys));
     }
     if !opts.wait_timeout.is_zero() {
@@ -602,6 +635,34 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
         let _ = writeln!(out, "{}: MoveWindow {} is open", c.label, opts.name);
     }
     Ok(())
+}
+
+/// The selector `open` will pin with on this cluster, read without writing anything.
+async fn selector_in_force(c: &Cluster, opts: &OpenOptions) -> Result<Selector> {
+    let refused = |message: String| WindowError::Refused {
+        cluster: c.label.clone(),
+        message,
+    };
+    let existing = Api::<MoveWindow>::all(c.client.clone())
+        .get_opt(&opts.name)
+        .await
+        .map_err(api_err(c, format!("reading MoveWindow {}", opts.name)))?;
+    match (existing, &opts.selector) {
+        (Some(w), Some(sel)) if w.spec.deployment_selector.as_ref() != Some(sel) => {
+            Err(refused(format!(
+                "MoveWindow {} already exists with another deploymentSelector; close it and delete it, or open it without --selector",
+                opts.name
+            )))
+        }
+        (Some(w), _) => w
+            .spec
+            .selector()
+            .map_err(|e| refused(format!("MoveWindow {}: {e}", opts.name))),
+        (None, Some(sel)) => {
+            Selector::from_label_selector(sel).map_err(|e| refused(format!("--selector: {e}")))
+        }
+        (None, None) => Ok(MoveWindowSpec::default_selector()),
+    }
 }
 
 /// Restore one Deployment to `count` and drop the annotation; retried while a webhook that has
@@ -626,11 +687,7 @@ async fn restore_deployment(
         )
         .await
         .map_err(api_err(c, format!("restoring Deployment {ns}/{name}")))?;
-        let d = api
-            .get(name)
-            .await
-            .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?;
-        if d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) == count {
+        if is_restored(c, ns, name, count).await? {
             return Ok(());
         }
         if start.elapsed() >= opts.restore_timeout {
@@ -646,6 +703,20 @@ async fn restore_deployment(
     }
 }
 
+/// Whether the Deployment runs `count` replicas and carries no saved count.
+async fn is_restored(c: &Cluster, ns: &str, name: &str, count: i32) -> Result<bool> {
+    let d = Api::<Deployment>::namespaced(c.client.clone(), ns)
+        .get(name)
+        .await
+        .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?;
+    let annotated = d
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(SAVED_REPLICAS_ANNOTATION));
+    Ok(d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) == count && !annotated)
+}
+
 /// What `close` did to one Deployment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Restored {
@@ -655,17 +726,24 @@ pub struct Restored {
     pub note: Option<String>,
 }
 
-async fn close_one(c: &Cluster, opts: &CloseOptions, out: &mut dyn Write) -> Result<Vec<Restored>> {
+/// `None` when the cluster has no such window.
+async fn close_one(
+    c: &Cluster,
+    opts: &CloseOptions,
+    out: &mut dyn Write,
+) -> Result<Option<Vec<Restored>>> {
     let api: Api<MoveWindow> = Api::all(c.client.clone());
     let Some(w) = api
         .get_opt(&opts.name)
         .await
         .map_err(api_err(c, format!("reading MoveWindow {}", opts.name)))?
     else {
-        return Err(WindowError::Refused {
-            cluster: c.label.clone(),
-            message: format!("there is no MoveWindow {}: nothing to close", opts.name),
-        });
+        let _ = writeln!(
+            out,
+            "{}: there is no MoveWindow {}: nothing to close here",
+            c.label, opts.name
+        );
+        return Ok(None);
     };
     // Closed first: from here on the webhook lets restores through.
     if w.spec.state != WindowState::Closed {
@@ -831,13 +909,43 @@ async fn close_one(c: &Cluster, opts: &CloseOptions, out: &mut dyn Write) -> Res
             note,
         });
     }
+    // A replica whose watch lags may pin again right after a restore: look once more after
+    // the settle time, and restore again whatever it caught.
+    // Done when a whole settle period passes with nothing pinned again.
+    let settling = tokio::time::Instant::now();
+    while !restored.is_empty() && !opts.settle.is_zero() {
+        tokio::time::sleep(opts.settle).await;
+        let mut again = false;
+        for r in &restored {
+            let (ns, name) = r.deployment.split_once('/').unwrap_or_default();
+            if !is_restored(c, ns, name, r.replicas).await? {
+                let _ = writeln!(
+                    out,
+                    "{}: {ns}/{name} was pinned again; restoring again",
+                    c.label
+                );
+                restore_deployment(c, ns, name, r.replicas, opts).await?;
+                again = true;
+            }
+        }
+        if !again {
+            break;
+        }
+        if settling.elapsed() >= opts.restore_timeout {
+            return Err(WindowError::Timeout {
+                cluster: c.label.clone(),
+                after: opts.restore_timeout,
+                what: "waiting for restored Deployments to stay restored (is a handoff replica still seeing the window open?)".into(),
+            });
+        }
+    }
     record(c, &opts.name, |s| {
         s.phase = Some("Closed".into());
         s.closed_at.get_or_insert_with(now);
         s.last_step = Some("restored".into());
     })
     .await?;
-    Ok(restored)
+    Ok(Some(restored))
 }
 
 /// Close a window on every cluster in the order given (the caller puts the target first).
@@ -846,9 +954,25 @@ pub async fn close(
     opts: &CloseOptions,
     out: &mut dyn Write,
 ) -> Result<Vec<Restored>> {
+    // A cluster without the window (an `open` that died before creating it there) does not
+    // stop the others from closing; a name that exists nowhere is an error.
     let mut all = Vec::new();
+    let mut found = false;
     for c in clusters {
-        all.extend(close_one(c, opts, out).await?);
+        if let Some(restored) = close_one(c, opts, out).await? {
+            found = true;
+            all.extend(restored);
+        }
+    }
+    if !found {
+        return Err(WindowError::Refused {
+            cluster: clusters
+                .iter()
+                .map(|c| c.label.as_str())
+                .collect::<Vec<_>>()
+                .join("+"),
+            message: format!("there is no MoveWindow {}: nothing to close", opts.name),
+        });
     }
     Ok(all)
 }

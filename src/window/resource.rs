@@ -119,6 +119,12 @@ impl MoveWindowSpec {
         self.state == WindowState::Open
     }
 
+    /// The Cluster API default, compiled.
+    pub fn default_selector() -> Selector {
+        Selector::from_label_selector(&default_deployment_selector())
+            .expect("the default selector is valid")
+    }
+
     /// The selector in force: the spec's, or the Cluster API default when it is empty.
     pub fn selector(&self) -> Result<Selector, SelectorError> {
         match &self.deployment_selector {
