@@ -143,6 +143,10 @@ struct StateArgs {
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned by a MoveWindow.
     #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff", value_parser = own_deployment)]
     own_deployment: OwnDeployment,
+    /// How long a watch may keep failing before its cache counts as stale (readiness fails and
+    /// decisions that need it deny).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    stale_after: Duration,
     /// How long a cache-miss lookup may wait for the API server before the guard denies.
     #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = duration)]
     api_timeout: Duration,
@@ -419,6 +423,7 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
         .context("state comes from a cluster unless --state DIR is given")?;
     let mut state = State::new(ids);
     state.api_timeout = args.api_timeout;
+    state.stale_after = args.stale_after;
     state.own = args.own_deployment.clone();
     state.client = Some(client.clone());
     Ok((state, Some(client)))

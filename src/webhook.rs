@@ -107,6 +107,13 @@ async fn decide_move_window(state: &State, req: &AdmissionRequest) -> Decision {
             "handoff has not yet read the MoveWindows from the API server, so it cannot tell whether this Deployment must stay at 0 replicas; retry in a moment".to_string(),
         );
     }
+    if let Some(why) = state.windows_stale() {
+        return Decision::deny(
+            req,
+            "state-unavailable",
+            format!("{why}; handoff cannot tell whether this Deployment must stay at 0 replicas"),
+        );
+    }
     let windows = state.windows.open();
     let invalid = state.windows.invalid();
     if windows.is_empty() && invalid.is_empty() {

@@ -68,7 +68,7 @@ async fn sigterm_under_load_answers_every_accepted_request() {
         .arg(dir.path().join("tls.key"))
         .args([
             "--drain-delay",
-            "700ms",
+            "300ms",
             "--drain-timeout",
             "15s",
             "--api-timeout",
@@ -105,8 +105,9 @@ async fn sigterm_under_load_answers_every_accepted_request() {
         );
     }
 
-    // Every decision now waits 800 ms on the API server (cache misses).
-    fake.set_latency(Duration::from_millis(800));
+    // Every decision waits 2 s on the API server (cache misses): far longer than the drain
+    // delay, so the listener closes while all of them are in flight.
+    fake.set_latency(Duration::from_millis(2000));
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut inflight = Vec::new();
     for i in 0..16 {
@@ -148,6 +149,20 @@ async fn sigterm_under_load_answers_every_accepted_request() {
     }
     assert!(unready, "readiness did not fail on SIGTERM");
 
+    // The listener closes after the drain delay, long before the requests finish.
+    let mut closed = false;
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(addr).await.is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(closed, "the listener stayed open");
+    assert!(
+        inflight.iter().all(|r| !r.is_finished()),
+        "requests finished before the listener closed: the drain was not exercised"
+    );
     for (i, r) in inflight.into_iter().enumerate() {
         let reply = r
             .await

@@ -219,3 +219,54 @@ async fn windows_and_deployments_from_watches_drive_the_pin() {
     assert!(r.get("patch").is_none(), "window closed: {r}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
+    let fake = FakeApi::start().await;
+    fake.put(namespace(NS, false));
+    let mut state = State::new(Default::default());
+    state.client = Some(fake.client());
+    state.api_timeout = Duration::from_secs(1);
+    state.stale_after = Duration::from_millis(300);
+    let state = Arc::new(state);
+    handoff::state::cluster::spawn_watches(fake.client(), state.clone());
+    eventually("caches synced", || async { state.is_synced() }).await;
+    let server = TestServer::start_with(state.clone(), Options::default()).await;
+    let delete = fixture("delete-configmap-by-syncer.json");
+    assert_eq!(allowed(&server, GUARD, &delete).await["allowed"], true);
+
+    // The API server goes away: the cache still says "not held", but after stale_after it is
+    // no longer trusted.
+    fake.set_unavailable(true);
+    eventually("the cache to go stale", || async {
+        state.readiness().is_err()
+    })
+    .await;
+    let why = state.readiness().unwrap_err();
+    assert!(why.contains("watch has been failing"), "{why}");
+    let r = allowed(&server, GUARD, &delete).await;
+    assert_eq!(r["allowed"], false);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("may be stale"),
+        "{r}"
+    );
+    let r = allowed(&server, PIN, &fixture("create-deployment-capi.json")).await;
+    assert_eq!(
+        r["allowed"], false,
+        "the pin cannot trust a stale window cache: {r}"
+    );
+    // Other users are still never held.
+    let r = allowed(&server, GUARD, &fixture("delete-secret-by-admin.json")).await;
+    assert_eq!(r["allowed"], true);
+
+    fake.set_unavailable(false);
+    eventually("the watches to recover", || async {
+        state.readiness().is_ok()
+    })
+    .await;
+    assert_eq!(allowed(&server, GUARD, &delete).await["allowed"], true);
+    server.stop().await;
+}

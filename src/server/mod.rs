@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -92,9 +92,7 @@ impl App {
         if self.health.draining.load(Ordering::Acquire) {
             return Err("draining: shutting down".into());
         }
-        if !self.state.is_synced() {
-            return Err("caches not synced yet".into());
-        }
+        self.state.readiness()?;
         if !self.health.listener_answers.load(Ordering::Acquire) {
             return Err("the HTTPS listener has not answered yet".into());
         }
@@ -232,6 +230,8 @@ impl Drop for InFlight<'_> {
 }
 
 /// The API server appends `?timeout=<n>s`: the time it will wait for us.
+/// Capped at ten minutes: the API server never waits longer than 30 s, and a bigger number is
+/// someone else's mistake, not a reason to hold a slot.
 pub fn request_timeout(query: Option<&str>, default: Duration) -> Duration {
     query
         .into_iter()
@@ -239,6 +239,7 @@ pub fn request_timeout(query: Option<&str>, default: Duration) -> Duration {
         .find_map(|kv| kv.strip_prefix("timeout="))
         .and_then(parse_go_duration)
         .unwrap_or(default)
+        .min(Duration::from_secs(600))
 }
 
 /// The subset of Go's duration syntax the API server writes: `10s`, `1m0s`, `500ms`.
@@ -269,7 +270,7 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
             _ => return None,
         };
         rest = &rest[unit_len..];
-        total += Duration::from_secs_f64(value * unit);
+        total = total.checked_add(Duration::try_from_secs_f64(value * unit).ok()?)?;
     }
     Some(total)
 }
@@ -334,10 +335,21 @@ async fn admit_inner(
             format!("Content-Type must be application/json, got {content_type:?}"),
         );
     }
+    // One deadline for reading the body and deciding: answer before the API server gives up
+    // on us, with a verdict rather than a timeout, so the outcome is ours and not the
+    // failurePolicy's; and a client that trickles its body cannot hold a slot for longer.
+    let budget = request_timeout(uri.query(), app.limits.default_timeout) * 4 / 5;
+    let deadline = tokio::time::Instant::now() + budget;
     let limit = app.limits.body_limit;
-    let bytes = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(e) => {
+    let bytes = match tokio::time::timeout_at(deadline, axum::body::to_bytes(body, limit)).await {
+        Err(_) => {
+            return bad(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive within {budget:?}"),
+            );
+        }
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
             let too_big = std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
             return if too_big {
@@ -358,11 +370,11 @@ async fn admit_inner(
         Err(e) => return bad(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let op = req.operation.as_str();
-    // Answer before the API server gives up on us, with a verdict rather than a timeout, so
-    // the outcome is ours and not the failurePolicy's.
-    let budget = request_timeout(uri.query(), app.limits.default_timeout) * 4 / 5;
-    let decision = match tokio::time::timeout(budget, webhook::decide(&app.state, webhook, &req))
-        .await
+    let decision = match tokio::time::timeout_at(
+        deadline,
+        webhook::decide(&app.state, webhook, &req),
+    )
+    .await
     {
         Ok(d) => d,
         Err(_) => Decision::deny(
@@ -458,11 +470,22 @@ pub async fn run(
             let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             let svc = TowerToHyperService::new(service);
             let mut builder = auto::Builder::new(TokioExecutor::new());
-            if h2 {
-                builder = builder.http2_only();
+            // A client that opens a connection and never finishes its headers must not hold
+            // it forever; bodies are bounded by the request deadline in the handler.
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10));
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Duration::from_secs(30))
+                .keep_alive_timeout(Duration::from_secs(10));
+            let builder = if h2 {
+                builder.http2_only()
             } else {
-                builder = builder.http1_only();
-            }
+                builder.http1_only()
+            };
             let conn = builder.serve_connection(TokioIo::new(tls), svc);
             if let Err(e) = watcher.watch(conn.into_owned()).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -539,6 +562,13 @@ mod tests {
         assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
         assert_eq!(parse_go_duration("1h2m3s"), Some(Duration::from_secs(3723)));
         assert_eq!(parse_go_duration("10"), None);
+        // Absurd values neither panic nor hold a request for long.
+        assert_eq!(parse_go_duration("100000000000000000000000s"), None);
+        assert_eq!(parse_go_duration("1e400s"), None);
+        assert_eq!(
+            request_timeout(Some("timeout=9999999h"), d),
+            Duration::from_secs(600)
+        );
         assert_eq!(request_timeout(Some("timeout="), d), d);
         assert_eq!(request_timeout(None, d), d);
     }

@@ -2,41 +2,52 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::core::PartialObjectMeta;
-use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
 use crate::policy::sync_finalizer::NamespaceMeta;
-use crate::state::State;
 use crate::state::windows::DeploymentMeta;
+use crate::state::{State, WatchHealth};
 use crate::window::resource::MoveWindow;
 
-/// Run one watch until the process ends, handing every event to `on_event`. Errors are logged
-/// and retried with kube-runtime's backoff; the caches keep their last view meanwhile.
-async fn run<K>(api: Api<K>, what: &'static str, on_event: impl Fn(Event<K>))
+/// Run one watch until the process ends, handing every event to `on_event`.
+///
+/// After an error the watch starts over with a fresh list (after a backoff, 0.5 s doubling to
+/// 30 s): a relist is the only event that proves the cache is current again, since a watch
+/// that resumes quietly says nothing. Until then `health` records the failure and the caches
+/// keep their last view; `State` stops trusting it after `stale_after`.
+async fn run<K>(api: Api<K>, what: &'static str, health: &WatchHealth, on_event: impl Fn(Event<K>))
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let mut events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(Event::InitDone) => {
-                on_event(Event::InitDone);
-                tracing::info!(watch = what, "cache synced");
-            }
-            Ok(e) => on_event(e),
-            Err(e) => {
-                tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff")
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(Event::InitDone) => {
+                    health.ok();
+                    backoff = Duration::from_millis(500);
+                    on_event(Event::InitDone);
+                    tracing::info!(watch = what, "cache synced");
+                }
+                Ok(e) => on_event(e),
+                Err(e) => {
+                    health.failed(&e.to_string());
+                    tracing::warn!(watch = what, error = %e, retry_in = ?backoff, "watch failed; will list again");
+                    break;
+                }
             }
         }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 
@@ -51,7 +62,7 @@ pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
         )
     };
     let cache = &state.namespaces;
-    run(api, "namespaces", |ev| match ev {
+    run(api, "namespaces", &state.health.namespaces, |ev| match ev {
         Event::Init => cache.begin_relist(),
         Event::InitApply(o) => cache.relist_apply(meta(&o)),
         Event::InitDone => cache.end_relist(),
@@ -65,7 +76,7 @@ pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
 pub async fn watch_windows(client: kube::Client, state: Arc<State>) {
     let api: Api<MoveWindow> = Api::all(client);
     let cache = &state.windows;
-    run(api, "movewindows", |ev| match ev {
+    run(api, "movewindows", &state.health.windows, |ev| match ev {
         Event::Init => cache.begin_relist(),
         Event::InitApply(w) => cache.relist_apply(&w),
         Event::InitDone => cache.end_relist(),
@@ -87,22 +98,27 @@ pub async fn watch_deployments(client: kube::Client, state: Arc<State>) {
             DeploymentMeta::new(d.metadata.labels.as_ref(), d.metadata.annotations.as_ref()),
         )
     };
-    run(api, "deployments", |ev| match ev {
-        Event::Init => cache.begin_relist(),
-        Event::InitApply(d) => {
-            let (ns, name, meta) = parts(&d);
-            cache.relist_apply(&ns, &name, meta)
-        }
-        Event::InitDone => cache.end_relist(),
-        Event::Apply(d) => {
-            let (ns, name, meta) = parts(&d);
-            cache.upsert(&ns, &name, meta)
-        }
-        Event::Delete(d) => cache.remove(
-            d.metadata.namespace.as_deref().unwrap_or_default(),
-            d.metadata.name.as_deref().unwrap_or_default(),
-        ),
-    })
+    run(
+        api,
+        "deployments",
+        &state.health.deployments,
+        |ev| match ev {
+            Event::Init => cache.begin_relist(),
+            Event::InitApply(d) => {
+                let (ns, name, meta) = parts(&d);
+                cache.relist_apply(&ns, &name, meta)
+            }
+            Event::InitDone => cache.end_relist(),
+            Event::Apply(d) => {
+                let (ns, name, meta) = parts(&d);
+                cache.upsert(&ns, &name, meta)
+            }
+            Event::Delete(d) => cache.remove(
+                d.metadata.namespace.as_deref().unwrap_or_default(),
+                d.metadata.name.as_deref().unwrap_or_default(),
+            ),
+        },
+    )
     .await
 }
 

@@ -37,6 +37,52 @@ pub enum DeploymentLookup {
     Unavailable(String),
 }
 
+/// Whether a watch is keeping its cache current. A watch that keeps failing (RBAC changed, the
+/// API server unreachable) leaves the cache as it was; past `stale_after` that view is no
+/// longer trusted: readiness fails and the decisions that read it deny instead of guessing.
+#[derive(Debug, Default)]
+pub struct WatchHealth {
+    failing: std::sync::Mutex<Option<(std::time::Instant, String)>>,
+}
+
+impl WatchHealth {
+    pub fn failed(&self, error: &str) {
+        let mut f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        match f.as_mut() {
+            Some((_, last)) => *last = error.to_string(),
+            None => *f = Some((std::time::Instant::now(), error.to_string())),
+        }
+    }
+
+    pub fn ok(&self) {
+        let mut f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_some() {
+            *f = None;
+        }
+    }
+
+    /// Why the cache is stale, if it has been failing for longer than `after`.
+    pub fn stale(&self, what: &str, after: Duration) -> Option<String> {
+        let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        let (since, error) = f.as_ref()?;
+        let failing_for = since.elapsed();
+        (failing_for > after).then(|| {
+            format!(
+                "the {what} watch has been failing for {}s ({error}); the cache may be stale",
+                failing_for.as_secs()
+            )
+        })
+    }
+}
+
+/// One `WatchHealth` per watch.
+#[derive(Debug, Default)]
+pub struct Health {
+    pub namespaces: WatchHealth,
+    pub windows: WatchHealth,
+    pub deployments: WatchHealth,
+}
+
 /// Everything the webhooks read, shared by all requests.
 pub struct State {
     pub ids: Identities,
@@ -49,6 +95,9 @@ pub struct State {
     pub own: OwnDeployment,
     /// How long a cache-miss fetch may take before the decision gives up and denies.
     pub api_timeout: Duration,
+    pub health: Health,
+    /// How long a watch may fail before its cache counts as stale.
+    pub stale_after: Duration,
 }
 
 impl State {
@@ -64,7 +113,26 @@ impl State {
                 name: "handoff".into(),
             },
             api_timeout: Duration::from_secs(3),
+            health: Health::default(),
+            stale_after: Duration::from_secs(30),
         }
+    }
+
+    /// Why the namespace cache cannot be trusted now, if it cannot.
+    pub fn namespaces_stale(&self) -> Option<String> {
+        self.health.namespaces.stale("namespace", self.stale_after)
+    }
+
+    /// Why the pin's caches cannot be trusted now, if they cannot.
+    pub fn windows_stale(&self) -> Option<String> {
+        self.health
+            .windows
+            .stale("MoveWindow", self.stale_after)
+            .or_else(|| {
+                self.health
+                    .deployments
+                    .stale("Deployment", self.stale_after)
+            })
     }
 
     /// State from a folder of YAML manifests. Kinds it does not read are an error, so that a
@@ -132,6 +200,9 @@ impl State {
 
     /// The namespace as the guard needs it: from the cache, or asked of the API once.
     pub async fn namespace(&self, name: &str) -> NamespaceLookup {
+        if let Some(why) = self.namespaces_stale() {
+            return NamespaceLookup::Unavailable(why);
+        }
         match self.namespaces.get(name) {
             CacheEntry::Relevant(m) => return NamespaceLookup::Relevant(m),
             CacheEntry::Plain => return NamespaceLookup::Plain,
@@ -154,7 +225,8 @@ impl State {
                     ns.metadata.annotations.as_ref(),
                     &self.ids,
                 );
-                self.namespaces.upsert(meta.clone());
+                // The watch may have delivered a newer view meanwhile: it wins.
+                self.namespaces.insert_if_absent(meta.clone());
                 if meta.is_interesting() {
                     NamespaceLookup::Relevant(Arc::new(meta))
                 } else {
@@ -185,7 +257,8 @@ impl State {
                     d.metadata.labels.as_ref(),
                     d.metadata.annotations.as_ref(),
                 );
-                self.deployments.upsert(namespace, name, meta.clone());
+                self.deployments
+                    .insert_if_absent(namespace, name, meta.clone());
                 DeploymentLookup::Known(Arc::new(meta))
             }
         }
@@ -194,5 +267,16 @@ impl State {
     /// Ready once every cache has seen its first full list.
     pub fn is_synced(&self) -> bool {
         self.namespaces.is_synced() && self.windows.is_synced() && self.deployments.is_synced()
+    }
+
+    /// `Err` with the reason while a cache is not synced or has gone stale.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.is_synced() {
+            return Err("caches not synced yet".into());
+        }
+        match self.namespaces_stale().or_else(|| self.windows_stale()) {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
     }
 }

@@ -58,6 +58,14 @@ impl NamespaceCache {
         inner.entries.insert(name, value);
     }
 
+    /// Insert unless the cache already has an entry (a fetch must not undo a newer event).
+    pub fn insert_if_absent(&self, meta: NamespaceMeta) {
+        let name: Box<str> = meta.name.as_str().into();
+        let value = entry(meta);
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        inner.entries.entry(name).or_insert(value);
+    }
+
     pub fn remove(&self, name: &str) {
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         inner.entries.remove(name);

@@ -176,6 +176,15 @@ impl DeploymentCache {
             .insert(key(ns, name), Arc::new(meta));
     }
 
+    /// Insert unless the cache already has an entry (a fetch must not undo a newer event).
+    pub fn insert_if_absent(&self, ns: &str, name: &str, meta: DeploymentMeta) {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key(ns, name))
+            .or_insert_with(|| Arc::new(meta));
+    }
+
     pub fn remove(&self, ns: &str, name: &str) {
         self.map
             .write()
