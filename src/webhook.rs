@@ -66,6 +66,7 @@ impl Decision {
     /// A denial with a message, also recorded as audit annotations (the API server prefixes
     /// the keys with the webhook's name).
     pub fn deny(req: &AdmissionRequest, reason: &'static str, message: String) -> Self {
+        let message = crate::policy::one_line(message);
         let mut response = AdmissionResponse::deny(&req.uid, 403, "Forbidden", message.clone());
         response.audit_annotations = audit("deny", reason);
         Decision {

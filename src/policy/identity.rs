@@ -35,23 +35,63 @@ pub enum KeyScheme {
 const BASE62: &[u8; 62] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
 /// Big-endian unsigned integer to digits in `alphabet`, no padding: Go's `big.Int.Text(base)`.
+///
+/// Long division in 32-bit limbs by the largest power of the base that fits a limb, so a
+/// 224-bit digest takes a few dozen divisions (it runs on every syncer DELETE, three times);
+/// the two bases kcp uses get divisions by constants, which compile to multiplications.
 fn big_endian_to_base(bytes: &[u8], alphabet: &[u8]) -> String {
-    let base = alphabet.len() as u32;
-    let mut num: Vec<u8> = bytes.iter().copied().skip_while(|b| *b == 0).collect();
-    let mut digits = Vec::new();
-    while !num.is_empty() {
-        let mut rem: u32 = 0;
-        let mut quotient = Vec::with_capacity(num.len());
-        for &b in &num {
-            let acc = (rem << 8) | b as u32;
-            let q = acc / base;
-            rem = acc % base;
-            if !(quotient.is_empty() && q == 0) {
-                quotient.push(q as u8);
-            }
+    match alphabet.len() {
+        62 => to_base(bytes, alphabet, 62),
+        36 => to_base(bytes, alphabet, 36),
+        n => to_base(bytes, alphabet, n as u64),
+    }
+}
+
+#[inline(always)]
+fn to_base(bytes: &[u8], alphabet: &[u8], base: u64) -> String {
+    debug_assert_eq!(alphabet.len() as u64, base);
+    let (chunk, per_chunk) = {
+        let (mut c, mut k) = (base, 1);
+        while c * base <= u64::from(u32::MAX) {
+            c *= base;
+            k += 1;
         }
-        digits.push(alphabet[rem as usize]);
-        num = quotient;
+        (c, k)
+    };
+    let head = bytes.len() % 4;
+    let mut limbs: Vec<u32> = Vec::with_capacity(bytes.len() / 4 + 1);
+    if head > 0 {
+        limbs.push(
+            bytes[..head]
+                .iter()
+                .fold(0, |a, b| (a << 8) | u32::from(*b)),
+        );
+    }
+    limbs.extend(
+        bytes[head..]
+            .chunks_exact(4)
+            .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]])),
+    );
+    let zeros = limbs.iter().take_while(|l| **l == 0).count();
+    limbs.drain(..zeros);
+    let mut digits = Vec::with_capacity(bytes.len() * 2);
+    while !limbs.is_empty() {
+        let mut rem: u64 = 0;
+        for l in limbs.iter_mut() {
+            let acc = (rem << 32) | u64::from(*l);
+            *l = (acc / chunk) as u32;
+            rem = acc % chunk;
+        }
+        let zeros = limbs.iter().take_while(|l| **l == 0).count();
+        limbs.drain(..zeros);
+        // A full chunk of digits, zeros included, unless this was the most significant one.
+        for _ in 0..per_chunk {
+            if limbs.is_empty() && rem == 0 {
+                break;
+            }
+            digits.push(alphabet[(rem % base) as usize]);
+            rem /= base;
+        }
     }
     if digits.is_empty() {
         digits.push(alphabet[0]);
@@ -397,6 +437,63 @@ mod tests {
         assert_eq!(big_endian_to_base(&[62], BASE62), "10");
         assert_eq!(big_endian_to_base(&[1, 0], &BASE62[..36]), "74");
         assert_eq!(big_endian_to_base(&[0xff, 0xff], &BASE62[..16]), "ffff");
+    }
+
+    /// The limb-wise division against plain byte-wise long division, one digit at a time,
+    /// over digests and lengths that put zeros at every place a chunk boundary can fall.
+    #[test]
+    fn base_conversion_matches_byte_wise_division() {
+        fn reference(bytes: &[u8], alphabet: &[u8]) -> String {
+            let base = alphabet.len() as u32;
+            let mut num: Vec<u8> = bytes.iter().copied().skip_while(|b| *b == 0).collect();
+            let mut digits = Vec::new();
+            while !num.is_empty() {
+                let mut rem = 0u32;
+                let mut quotient = Vec::new();
+                for &b in &num {
+                    let acc = (rem << 8) | u32::from(b);
+                    if !(quotient.is_empty() && acc / base == 0) {
+                        quotient.push((acc / base) as u8);
+                    }
+                    rem = acc % base;
+                }
+                digits.push(alphabet[rem as usize]);
+                num = quotient;
+            }
+            if digits.is_empty() {
+                digits.push(alphabet[0]);
+            }
+            digits.reverse();
+            String::from_utf8(digits).unwrap()
+        }
+        let mut inputs: Vec<Vec<u8>> = Vec::new();
+        for i in 0..300u32 {
+            let d = Sha224::digest(i.to_be_bytes()).to_vec();
+            inputs.push(d[..(i as usize % 29)].to_vec());
+            let mut z = d.clone();
+            z[..(i as usize % 5)].fill(0);
+            inputs.push(z);
+        }
+        // Powers of the bases and their neighbours: runs of zero digits inside a chunk.
+        for base in [36u128, 62] {
+            let mut p = 1u128;
+            while let Some(next) = p.checked_mul(base) {
+                p = next;
+                for v in [p - 1, p, p + 1] {
+                    inputs.push(v.to_be_bytes().to_vec());
+                }
+            }
+        }
+        for bytes in &inputs {
+            for alphabet in [&BASE62[..], &BASE62[..36], &BASE62[..16], &BASE62[..2]] {
+                assert_eq!(
+                    big_endian_to_base(bytes, alphabet),
+                    reference(bytes, alphabet),
+                    "{bytes:?} base {}",
+                    alphabet.len()
+                );
+            }
+        }
     }
 
     #[test]

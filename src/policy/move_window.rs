@@ -117,6 +117,11 @@ pub fn decide(req: &PinRequest<'_>, windows: &[OpenWindow], own: &OwnDeployment)
                 return PinVerdict::Allow("not-selected");
             };
             let asked = object.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            if asked < 0 {
+                // Mutation runs before validation: pinning would turn an invalid write into a
+                // valid one. Leave it for the API server to reject.
+                return PinVerdict::Allow("invalid-replicas");
+            }
             let present = object
                 .metadata
                 .annotations
@@ -213,6 +218,9 @@ pub fn decide(req: &PinRequest<'_>, windows: &[OpenWindow], own: &OwnDeployment)
                 return PinVerdict::Allow("not-selected");
             };
             let asked = object.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+            if asked < 0 {
+                return PinVerdict::Allow("invalid-replicas");
+            }
             let (restore_to, note) = match SavedReplicas::from_annotations(annotations) {
                 Some(s) => (s, String::new()),
                 None => (
@@ -662,6 +670,36 @@ mod tests {
                 _ => panic!("{name}: {v:?}"),
             }
         }
+    }
+
+    #[test]
+    fn negative_replicas_are_left_for_validation_to_reject() {
+        let obj = deployment(Some(-3), None, true);
+        let req = PinRequest {
+            namespace: "capi-system",
+            name: "capi-controller-manager",
+            target: PinTarget::Deployment {
+                object: &obj,
+                old_object: None,
+            },
+        };
+        assert_eq!(decide(&req, &windows(), &own()), PinVerdict::Allow("invalid-replicas"));
+        let labels = capi_labels();
+        let scale = ObjectView {
+            spec: Some(SpecView { replicas: Some(-1) }),
+            ..ObjectView::default()
+        };
+        let req = PinRequest {
+            target: PinTarget::Scale {
+                object: &scale,
+                parent: ParentDeployment::Known {
+                    labels: Some(&labels),
+                    annotations: None,
+                },
+            },
+            ..req
+        };
+        assert_eq!(decide(&req, &windows(), &own()), PinVerdict::Allow("invalid-replicas"));
     }
 
     #[test]

@@ -225,6 +225,16 @@ impl Verdict {
 
 /// Decide a DELETE.
 pub fn decide(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identities) -> Verdict {
+    match decide_inner(req, ns, ids) {
+        Verdict::Deny { rule, message } => Verdict::Deny {
+            rule,
+            message: super::one_line(message),
+        },
+        allow => allow,
+    }
+}
+
+fn decide_inner(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identities) -> Verdict {
     if !ids.is_candidate(req.username) {
         return Verdict::Allow(AllowReason::NotSyncTarget);
     }
@@ -717,6 +727,33 @@ mod tests {
         // Not a delete.
         let r = review(serde_json::json!({"uid": "u", "operation": "CREATE"}));
         assert!(DeleteRequest::from_review(&r).is_none());
+    }
+
+    #[test]
+    fn a_multi_line_finalizer_value_still_denies_on_one_line() {
+        let ids = ids();
+        let ann = annotations(&[
+            ("kcp.io/namespace-locator", LOCATOR),
+            (
+                "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
+                "glbc-migration\nstep 2",
+            ),
+        ]);
+        let meta = NamespaceMeta::from_annotations("kcp-ns", Some(&ann), &ids);
+        let req = DeleteRequest {
+            username: SYNCER,
+            resource: "secrets".into(),
+            namespace: Some("kcp-ns"),
+            name: Some("s"),
+            is_namespace: false,
+            collection_item: false,
+            object_annotations: None,
+            dry_run: false,
+        };
+        let Verdict::Deny { message, .. } = decide(&req, NamespaceState::Known(&meta), &ids) else {
+            panic!("expected a denial")
+        };
+        assert!(!message.contains('\n') && message.contains("glbc-migration\\nstep 2"), "{message}");
     }
 
     #[test]
