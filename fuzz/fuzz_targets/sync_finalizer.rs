@@ -1,0 +1,110 @@
+//! The sync-finalizer guard on any decodable DELETE, against a held namespace (locator and
+//! blocking finalizer, as in `src/policy/sync_finalizer.rs`'s tests), a held namespace without
+//! a locator, a namespace carrying the request's `oldObject` annotations, a plain one and an
+//! unreadable one.
+//!
+//! Invariants: no panic; a requester that cannot be a sync target is always allowed; a
+//! denial message is non-empty and one line (kubectl prints it after "denied the request: ").
+#![no_main]
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use handoff::admission::{Operation, decode_review};
+use handoff::policy::identity::Identities;
+use handoff::policy::sync_finalizer::{
+    DeleteRequest, NamespaceMeta, NamespaceState, Verdict, decide,
+};
+use libfuzzer_sys::fuzz_target;
+
+const NS: &str = "kcp-33jbiactwhg0";
+const KEY: &str = "6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g";
+const LOCATOR: &str = r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root:org:ws","namespace":"test"}"#;
+
+static IDS: LazyLock<Identities> = LazyLock::new(|| {
+    let mut ids = Identities::default();
+    ids.add_cluster_name("explicit-user", "root:org:ws", "us-west1");
+    ids.add_key("explicit-key-user", KEY);
+    ids
+});
+
+fn meta(pairs: &[(&str, &str)]) -> NamespaceMeta {
+    let ann: BTreeMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    NamespaceMeta::from_annotations(NS, Some(&ann), &IDS)
+}
+
+static HELD: LazyLock<NamespaceMeta> = LazyLock::new(|| {
+    let m = meta(&[
+        ("kcp.io/namespace-locator", LOCATOR),
+        (
+            "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
+            "glbc-migration",
+        ),
+    ]);
+    assert!(m.locator.is_some() && m.finalizers.len() == 1, "{m:?}");
+    m
+});
+
+static HELD_NO_LOCATOR: LazyLock<NamespaceMeta> = LazyLock::new(|| {
+    meta(&[(
+        "finalizers.workload.kcp.dev/2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5",
+        "x",
+    )])
+});
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(req) = decode_review(data) else {
+        return;
+    };
+    let Some(del) = DeleteRequest::from_review(&req) else {
+        assert_ne!(
+            req.operation,
+            Operation::Delete,
+            "a DELETE was not read as one"
+        );
+        return;
+    };
+    let ids = &*IDS;
+    let candidate = ids.is_candidate(del.username);
+    if !candidate {
+        assert_eq!(del.namespace_to_read(ids), None);
+    }
+    // Also a namespace whose annotations are the fuzzed object's own (for a Namespace delete,
+    // what the cache would hold), so the fuzzer controls locators and finalizer values too.
+    let from_object = req.old_object.as_ref().map(|o| {
+        NamespaceMeta::from_annotations(
+            del.namespace.unwrap_or(""),
+            o.metadata.annotations.as_ref(),
+            ids,
+        )
+    });
+    let states = [
+        Some(NamespaceState::Known(&HELD)),
+        Some(NamespaceState::Known(&HELD_NO_LOCATOR)),
+        from_object.as_ref().map(NamespaceState::Known),
+        Some(NamespaceState::Plain),
+        Some(NamespaceState::Unavailable(
+            "the API server did not answer within 3s",
+        )),
+    ];
+    for state in states.into_iter().flatten() {
+        let verdict = decide(&del, state, ids);
+        if !candidate {
+            assert!(
+                verdict.is_allowed(),
+                "non-candidate {:?} was held: {verdict:?}",
+                del.username
+            );
+        }
+        if let Verdict::Deny { message, .. } = &verdict {
+            assert!(!message.trim().is_empty(), "empty denial message");
+            assert!(
+                !message.contains(['\n', '\r']),
+                "denial message is not one line: {message:?}"
+            );
+        }
+    }
+});
