@@ -683,7 +683,10 @@ mod tests {
                 old_object: None,
             },
         };
-        assert_eq!(decide(&req, &windows(), &own()), PinVerdict::Allow("invalid-replicas"));
+        assert_eq!(
+            decide(&req, &windows(), &own()),
+            PinVerdict::Allow("invalid-replicas")
+        );
         let labels = capi_labels();
         let scale = ObjectView {
             spec: Some(SpecView { replicas: Some(-1) }),
@@ -699,7 +702,10 @@ mod tests {
             },
             ..req
         };
-        assert_eq!(decide(&req, &windows(), &own()), PinVerdict::Allow("invalid-replicas"));
+        assert_eq!(
+            decide(&req, &windows(), &own()),
+            PinVerdict::Allow("invalid-replicas")
+        );
     }
 
     #[test]

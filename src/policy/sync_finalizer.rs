@@ -753,7 +753,10 @@ mod tests {
         let Verdict::Deny { message, .. } = decide(&req, NamespaceState::Known(&meta), &ids) else {
             panic!("expected a denial")
         };
-        assert!(!message.contains('\n') && message.contains("glbc-migration\\nstep 2"), "{message}");
+        assert!(
+            !message.contains('\n') && message.contains("glbc-migration\\nstep 2"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -43,6 +43,21 @@ pub enum StateError {
 /// Every document of every `*.yaml`/`*.yml` file in `dir` (not recursive), in file-name order.
 /// `# comments` and empty documents are skipped; a document without `kind` is an error.
 pub fn load_dir(dir: &Path) -> Result<Vec<StateDoc>, StateError> {
+    let mut docs = Vec::new();
+    for_each_doc(dir, |doc| {
+        docs.push(doc);
+        Ok::<_, StateError>(())
+    })?;
+    Ok(docs)
+}
+
+/// The documents `load_dir` returns, handed to `each` one at a time and dropped after it: a
+/// folder of 100,000 Namespaces never holds more than one file's text and one parsed document
+/// (holding them all peaked at ~280 MiB, which the allocator then kept; BENCHMARKS.md).
+pub fn for_each_doc<E: From<StateError>>(
+    dir: &Path,
+    mut each: impl FnMut(StateDoc) -> Result<(), E>,
+) -> Result<(), E> {
     let io = |source| StateError::Io {
         path: dir.display().to_string(),
         source,
@@ -59,7 +74,6 @@ pub fn load_dir(dir: &Path) -> Result<Vec<StateDoc>, StateError> {
         })
         .collect();
     files.sort();
-    let mut docs = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).map_err(|source| StateError::Io {
             path: file.display().to_string(),
@@ -82,15 +96,15 @@ pub fn load_dir(dir: &Path) -> Result<Vec<StateDoc>, StateError> {
                     message: "field `kind` is missing".into(),
                 })?
                 .to_string();
-            docs.push(StateDoc {
+            each(StateDoc {
                 file: file.clone(),
                 index: i + 1,
                 kind,
                 value,
-            });
+            })?;
         }
     }
-    Ok(docs)
+    Ok(())
 }
 
 #[cfg(test)]

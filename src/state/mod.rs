@@ -139,11 +139,11 @@ impl State {
     /// typo in `kind` does not silently leave a namespace unguarded.
     pub fn from_dir(dir: &Path, ids: Identities) -> anyhow::Result<Self> {
         let state = State::new(ids);
-        let docs = files::load_dir(dir)?;
-        let mut metas = Vec::new();
         let mut windows = Vec::new();
+        // One document at a time, straight into the caches: nothing holds the whole folder.
+        state.namespaces.begin_relist();
         state.deployments.begin_relist();
-        for doc in &docs {
+        files::for_each_doc(dir, |doc| {
             match doc.kind.as_str() {
                 "Namespace" => {
                     let ns: Namespace = doc.parse()?;
@@ -151,11 +151,13 @@ impl State {
                     if name.is_empty() {
                         anyhow::bail!("{}: Namespace has no metadata.name", doc.place());
                     }
-                    metas.push(NamespaceMeta::from_annotations(
-                        &name,
-                        ns.metadata.annotations.as_ref(),
-                        &state.ids,
-                    ));
+                    state
+                        .namespaces
+                        .relist_apply(NamespaceMeta::from_annotations(
+                            &name,
+                            ns.metadata.annotations.as_ref(),
+                            &state.ids,
+                        ));
                 }
                 "MoveWindow" => {
                     let w: MoveWindow = doc.parse()?;
@@ -191,8 +193,9 @@ impl State {
                     doc.place()
                 ),
             }
-        }
-        state.namespaces.replace_all(metas);
+            Ok::<_, anyhow::Error>(())
+        })?;
+        state.namespaces.end_relist();
         state.windows.replace_all(&windows);
         state.deployments.end_relist();
         Ok(state)
