@@ -167,6 +167,9 @@ pub async fn preflight(
     }
     // (namespace, service) → the hooks that call it and fail closed.
     let mut hooks: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    // Both kinds of webhook configuration, flattened to (configuration, webhook, policy,
+    // service) so one loop judges them.
+    let mut webhooks = Vec::new();
     let vwc: Api<ValidatingWebhookConfiguration> = Api::all(c.client.clone());
     for cfg in vwc
         .list(&ListParams::default())
@@ -174,20 +177,9 @@ pub async fn preflight(
         .map_err(api_err(c, "listing ValidatingWebhookConfigurations"))?
     {
         let cfg_name = cfg.metadata.name.clone().unwrap_or_default();
-        for w in cfg.webhooks.iter().flatten() {
-            // admissionregistration/v1 defaults failurePolicy to Fail.
-            if w.failure_policy.as_deref().unwrap_or("Fail") != "Fail" {
-                continue;
-            }
-            if let Some(s) = &w.client_config.service {
-                hooks
-                    .entry((s.namespace.clone(), s.name.clone()))
-                    .or_default()
-                    .push(format!(
-                        "ValidatingWebhookConfiguration {cfg_name} webhook {} (failurePolicy Fail)",
-                        w.name
-                    ));
-            }
+        for w in cfg.webhooks.into_iter().flatten() {
+            let kind = format!("ValidatingWebhookConfiguration {cfg_name}");
+            webhooks.push((kind, w.name, w.failure_policy, w.client_config.service));
         }
     }
     let mwc: Api<MutatingWebhookConfiguration> = Api::all(c.client.clone());
@@ -197,19 +189,21 @@ pub async fn preflight(
         .map_err(api_err(c, "listing MutatingWebhookConfigurations"))?
     {
         let cfg_name = cfg.metadata.name.clone().unwrap_or_default();
-        for w in cfg.webhooks.iter().flatten() {
-            if w.failure_policy.as_deref().unwrap_or("Fail") != "Fail" {
-                continue;
-            }
-            if let Some(s) = &w.client_config.service {
-                hooks
-                    .entry((s.namespace.clone(), s.name.clone()))
-                    .or_default()
-                    .push(format!(
-                        "MutatingWebhookConfiguration {cfg_name} webhook {} (failurePolicy Fail)",
-                        w.name
-                    ));
-            }
+        for w in cfg.webhooks.into_iter().flatten() {
+            let kind = format!("MutatingWebhookConfiguration {cfg_name}");
+            webhooks.push((kind, w.name, w.failure_policy, w.client_config.service));
+        }
+    }
+    for (cfg, name, policy, service) in webhooks {
+        // admissionregistration/v1 defaults failurePolicy to Fail.
+        if policy.as_deref().unwrap_or("Fail") != "Fail" {
+            continue;
+        }
+        if let Some(s) = service {
+            hooks
+                .entry((s.namespace, s.name))
+                .or_default()
+                .push(format!("{cfg} webhook {name} (failurePolicy Fail)"));
         }
     }
     let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
