@@ -125,8 +125,9 @@ fn bench_guard(c: &mut Criterion) {
         r
     };
     let mut g = c.benchmark_group("guard");
-    // The syncer deletes in a held namespace: resolve it by the kcp convention (three
-    // SHA-224s), find the hold, write the denial.
+    // The syncer deletes in a held namespace: resolve it by the kcp convention (the locator's
+    // hashes were done when `meta` was built, as when a namespace enters the cache), find the
+    // hold, write the denial.
     g.bench_function("decide-deny-held-namespace", |b| {
         b.iter(|| {
             let d = DeleteRequest::from_review(black_box(&req)).unwrap();

@@ -44,7 +44,7 @@ static HELD: LazyLock<NamespaceMeta> = LazyLock::new(|| {
             "glbc-migration",
         ),
     ]);
-    assert!(m.locator.is_some() && m.finalizers.len() == 1, "{m:?}");
+    assert!(m.located.is_some() && m.finalizers.len() == 1, "{m:?}");
     m
 });
 

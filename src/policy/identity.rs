@@ -316,34 +316,62 @@ impl Identities {
 
     /// Resolve the requester, using the locator of the namespace it acts in.
     pub fn resolve(&self, username: &str, locator: Option<&NamespaceLocator>) -> Requester {
+        self.resolve_located(username, locator.map(|l| self.locate(l)).as_ref())
+    }
+
+    /// Do the hashing a locator needs once, when its namespace enters the cache, rather than
+    /// on every request: the syncer id of the sync target's UID and the keys of its name.
+    pub fn locate(&self, loc: &NamespaceLocator) -> Located {
+        let Some(st) = loc.sync_target.as_ref() else {
+            return Located::Unusable("the namespace locator names no syncTarget".to_string());
+        };
+        let cluster = if st.cluster.is_empty() {
+            loc.cluster.as_deref().unwrap_or("")
+        } else {
+            st.cluster.as_str()
+        };
+        if cluster.is_empty() {
+            return Located::Unusable("the namespace locator names no logical cluster".to_string());
+        }
+        Located::Target {
+            id: syncer_id(&st.uid),
+            target: self.target_for(cluster, &st.name, "kcp syncer convention"),
+        }
+    }
+
+    /// Resolve the requester against what the namespace's locator says (see `locate`).
+    pub fn resolve_located(&self, username: &str, located: Option<&Located>) -> Requester {
         if let Some(t) = self.explicit.get(username) {
             return Requester::SyncTarget(t.clone());
         }
         let Some(sa) = parse_syncer_username(username) else {
             return Requester::NotSyncTarget;
         };
-        let Some(loc) = locator else {
+        let (id, target) = match located {
+            None => {
+                return Requester::UnresolvedSyncer {
+                    reason: format!(
+                        "the namespace has no {} annotation naming a sync target",
+                        self.locator_keys.join(" or ")
+                    ),
+                };
+            }
+            Some(Located::Unusable(reason)) => {
+                return Requester::UnresolvedSyncer {
+                    reason: reason.clone(),
+                };
+            }
+            Some(Located::Target { id, target }) => (id, target),
+        };
+        let name = target.name.as_deref().unwrap_or_default();
+        if name != sa.sync_target_name {
             return Requester::UnresolvedSyncer {
                 reason: format!(
-                    "the namespace has no {} annotation naming a sync target",
-                    self.locator_keys.join(" or ")
-                ),
-            };
-        };
-        let Some(st) = loc.sync_target.as_ref() else {
-            return Requester::UnresolvedSyncer {
-                reason: "the namespace locator names no syncTarget".to_string(),
-            };
-        };
-        if st.name != sa.sync_target_name {
-            return Requester::UnresolvedSyncer {
-                reason: format!(
-                    "the namespace locator names sync target \"{}\", not \"{}\"",
-                    st.name, sa.sync_target_name
+                    "the namespace locator names sync target \"{name}\", not \"{}\"",
+                    sa.sync_target_name
                 ),
             };
         }
-        let id = syncer_id(&st.uid);
         if id != sa.id {
             return Requester::UnresolvedSyncer {
                 reason: format!(
@@ -352,18 +380,19 @@ impl Identities {
                 ),
             };
         }
-        let cluster = if st.cluster.is_empty() {
-            loc.cluster.as_deref().unwrap_or("")
-        } else {
-            st.cluster.as_str()
-        };
-        if cluster.is_empty() {
-            return Requester::UnresolvedSyncer {
-                reason: "the namespace locator names no logical cluster".to_string(),
-            };
-        }
-        Requester::SyncTarget(self.target_for(cluster, &st.name, "kcp syncer convention"))
+        Requester::SyncTarget(target.clone())
     }
+}
+
+/// A namespace locator with its hashes done: the sync target it names, or why it names none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Located {
+    Target {
+        /// The syncer id that sync target's UID hashes to.
+        id: String,
+        target: SyncTarget,
+    },
+    Unusable(String),
 }
 
 #[cfg(test)]

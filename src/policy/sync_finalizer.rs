@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::admission::{AdmissionRequest, Operation};
-use crate::policy::identity::{Identities, NamespaceLocator, Requester, SyncTarget};
+use crate::policy::identity::{Identities, Located, NamespaceLocator, Requester, SyncTarget};
 
 /// A blocking soft finalizer: `finalizers.workload.<domain>/<key>` with a non-empty value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,7 +21,8 @@ pub struct SoftFinalizer {
 pub struct NamespaceMeta {
     pub name: String,
     pub finalizers: Vec<SoftFinalizer>,
-    pub locator: Option<NamespaceLocator>,
+    /// The namespace's locator, hashed once here instead of on every request.
+    pub located: Option<Located>,
 }
 
 /// Blocking soft finalizers among `annotations`, as kcp reads them: any value but `""` blocks.
@@ -62,13 +63,13 @@ impl NamespaceMeta {
         NamespaceMeta {
             name: name.to_string(),
             finalizers,
-            locator,
+            located: locator.map(|l| ids.locate(&l)),
         }
     }
 
     /// Whether anything in this namespace is relevant to the guard at all.
     pub fn is_interesting(&self) -> bool {
-        !self.finalizers.is_empty() || self.locator.is_some()
+        !self.finalizers.is_empty() || self.located.is_some()
     }
 }
 
@@ -260,7 +261,7 @@ fn decide_inner(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identitie
         .unwrap_or_default();
     let ns_holds: &[SoftFinalizer] = meta.map(|m| m.finalizers.as_slice()).unwrap_or(&[]);
 
-    let target = match ids.resolve(req.username, meta.and_then(|m| m.locator.as_ref())) {
+    let target = match ids.resolve_located(req.username, meta.and_then(|m| m.located.as_ref())) {
         Requester::NotSyncTarget => return Verdict::Allow(AllowReason::NotSyncTarget),
         Requester::SyncTarget(t) => t,
         Requester::UnresolvedSyncer { reason } => {
@@ -636,30 +637,37 @@ mod tests {
         }
     }
 
-    #[test]
-    fn denial_message_says_what_where_who_and_how_to_lift() {
+    /// The denial of the syncer's delete of Secret `name` in namespace `ns`, which carries the
+    /// us-west1 sync finalizer with `value`.
+    fn held_secret_delete(ns: &str, value: &str, name: &str) -> String {
         let ids = ids();
         let ann = annotations(&[
             ("kcp.io/namespace-locator", LOCATOR),
             (
                 "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
-                "glbc-migration",
+                value,
             ),
         ]);
-        let meta = NamespaceMeta::from_annotations("kcp-33jbiactwhg0", Some(&ann), &ids);
+        let meta = NamespaceMeta::from_annotations(ns, Some(&ann), &ids);
         let req = DeleteRequest {
             username: SYNCER,
             resource: "secrets".into(),
-            namespace: Some("kcp-33jbiactwhg0"),
-            name: Some("db-password"),
+            namespace: Some(ns),
+            name: Some(name),
             is_namespace: false,
             collection_item: false,
             object_annotations: None,
             dry_run: false,
         };
-        let Verdict::Deny { message, .. } = decide(&req, NamespaceState::Known(&meta), &ids) else {
-            panic!("expected a denial")
-        };
+        match decide(&req, NamespaceState::Known(&meta), &ids) {
+            Verdict::Deny { message, .. } => message,
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn denial_message_says_what_where_who_and_how_to_lift() {
+        let message = held_secret_delete("kcp-33jbiactwhg0", "glbc-migration", "db-password");
         for part in [
             "namespace \"kcp-33jbiactwhg0\"",
             "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g=\"glbc-migration\"",
@@ -731,28 +739,7 @@ mod tests {
 
     #[test]
     fn a_multi_line_finalizer_value_still_denies_on_one_line() {
-        let ids = ids();
-        let ann = annotations(&[
-            ("kcp.io/namespace-locator", LOCATOR),
-            (
-                "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
-                "glbc-migration\nstep 2",
-            ),
-        ]);
-        let meta = NamespaceMeta::from_annotations("kcp-ns", Some(&ann), &ids);
-        let req = DeleteRequest {
-            username: SYNCER,
-            resource: "secrets".into(),
-            namespace: Some("kcp-ns"),
-            name: Some("s"),
-            is_namespace: false,
-            collection_item: false,
-            object_annotations: None,
-            dry_run: false,
-        };
-        let Verdict::Deny { message, .. } = decide(&req, NamespaceState::Known(&meta), &ids) else {
-            panic!("expected a denial")
-        };
+        let message = held_secret_delete("kcp-ns", "glbc-migration\nstep 2", "s");
         assert!(
             !message.contains('\n') && message.contains("glbc-migration\\nstep 2"),
             "{message}"
@@ -772,7 +759,7 @@ mod tests {
         let m = NamespaceMeta::from_annotations("n", Some(&ann), &ids);
         assert_eq!(m.finalizers.len(), 1);
         assert_eq!(m.finalizers[0].key, "A");
-        assert!(m.locator.is_none());
+        assert!(m.located.is_none());
         assert!(!NamespaceMeta::from_annotations("n", None, &ids).is_interesting());
     }
 }

@@ -145,7 +145,7 @@ mod tests {
             } else {
                 vec![]
             },
-            locator: None,
+            located: None,
         }
     }
 
