@@ -98,12 +98,12 @@ pub struct GroupVersionKind {
     pub kind: String,
 }
 
+/// Only the username: no rule reads groups or extra, and skipping them saves their
+/// allocations on every request.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct UserInfo {
     #[serde(default)]
     pub username: String,
-    #[serde(default)]
-    pub groups: Vec<String>,
 }
 
 /// The parts of an object (a Deployment, a Scale, anything being deleted) the webhooks read.
@@ -166,9 +166,12 @@ where
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut out = BTreeMap::new();
-            while let Some(key) = map.next_key::<String>()? {
-                if READ_ANNOTATION_PREFIXES.iter().any(|p| key.starts_with(p)) {
-                    out.insert(key, map.next_value::<String>()?);
+            while let Some(key) = map.next_key::<Key<'de>>()? {
+                if READ_ANNOTATION_PREFIXES
+                    .iter()
+                    .any(|p| key.0.starts_with(p))
+                {
+                    out.insert(key.0.into_owned(), map.next_value::<String>()?);
                 } else {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -177,6 +180,32 @@ where
         }
     }
     d.deserialize_option(Filter)
+}
+
+/// A map key borrowed from the body when it has no escapes (nearly always), so that the keys
+/// a visitor skips cost no allocation.
+struct Key<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 impl ObjectMetaView {
@@ -210,8 +239,8 @@ impl<'de> Deserialize<'de> for SpecView {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SpecView, A::Error> {
                 let mut replicas = None;
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == "replicas" {
+                while let Some(key) = map.next_key::<Key<'de>>()? {
+                    if key.0 == "replicas" {
                         let v: serde_json::Value = map.next_value()?;
                         replicas = v.as_i64().and_then(|n| i32::try_from(n).ok());
                     } else {
@@ -295,15 +324,28 @@ impl AdmissionRequest {
 
     /// `resource` or `resource/subresource`, as kubectl and audit logs write it.
     pub fn resource_path(&self) -> String {
-        let r = &self.resource;
-        let base = if r.group.is_empty() {
-            r.resource.clone()
-        } else {
-            format!("{}.{}", r.resource, r.group)
-        };
-        match self.sub_resource.as_deref() {
-            Some(s) if !s.is_empty() => format!("{base}/{s}"),
-            _ => base,
+        self.resource_display().to_string()
+    }
+
+    /// `resource_path` without building a `String`: the decision log writes it on every request.
+    pub fn resource_display(&self) -> ResourcePath<'_> {
+        ResourcePath(self)
+    }
+}
+
+/// `resource[.group][/subresource]`, formatted in place.
+pub struct ResourcePath<'a>(&'a AdmissionRequest);
+
+impl std::fmt::Display for ResourcePath<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = &self.0.resource;
+        f.write_str(&r.resource)?;
+        if !r.group.is_empty() {
+            write!(f, ".{}", r.group)?;
+        }
+        match self.0.sub_resource.as_deref() {
+            Some(s) if !s.is_empty() => write!(f, "/{s}"),
+            _ => Ok(()),
         }
     }
 }
@@ -487,6 +529,7 @@ mod tests {
             ("7", None),
             ("null", None),
             (r#"{"other":{"deep":[1,2]},"replicas":4}"#, Some(4)),
+            (r#"{"r\u0065plicas":6}"#, Some(6)),
         ] {
             let body = format!(
                 r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","operation":"DELETE","oldObject":{{"metadata":{{"name":"x"}},"spec":{spec}}}}}}}"#
@@ -521,6 +564,17 @@ mod tests {
                 ("finalizers.workload.kcp.io/K".into(), "hold".into()),
                 ("handoff.dev/replicas-before-move".into(), "3".into()),
             ])
+        );
+        // A key written with JSON escapes (decoded into a fresh string, not borrowed) is
+        // read the same as its plain spelling.
+        assert_eq!(
+            review(
+                r#","annotations":{"\u0066inalizers.workload.kcp.io/K":"hold","te\u0061m":"x"}"#
+            ),
+            Some(BTreeMap::from([(
+                "finalizers.workload.kcp.io/K".into(),
+                "hold".into()
+            )]))
         );
         // Presence is kept even when nothing is: the pin adds to the map or creates it.
         assert_eq!(
