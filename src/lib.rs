@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod certs;
 pub mod config;
+pub mod logfmt;
 pub mod policy;
 pub mod server;
 pub mod state;

@@ -247,14 +247,15 @@ fn duration(s: &str) -> Result<Duration, String> {
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
+    let line = match format {
+        LogFormat::Json => handoff::logfmt::LogLine::json(),
+        LogFormat::Text => handoff::logfmt::LogLine::text(),
+    };
+    tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.init(),
-    }
+        .event_format(line)
+        .init();
 }
 
 fn main() -> std::process::ExitCode {
