@@ -165,11 +165,11 @@ run() {
     read -r s1b s1t < <(cpu_ticks "$SERVER_CPU")
     read -r c1b c1t < <(cpu_ticks "$CLIENT_CPU")
     python3 - "$OUT/runs/$name.json" "$la" \
-        "$(( (s1b - s0b) * 100 / (s1t - s0t + 1) ))" "$(( (c1b - c0b) * 100 / (c1t - c0t + 1) ))" <<'PY'
+        "$(( (s1b - s0b) * 10000 / (s1t - s0t + 1) ))" "$(( (c1b - c0b) * 10000 / (c1t - c0t + 1) ))" <<'PY'
 import json, sys
 p, la, s, c = sys.argv[1:]
 d = json.load(open(p))
-d["bench"] = {"loadavg": la, "server_cpu_busy_pct": int(s), "client_cpu_busy_pct": int(c)}
+d["bench"] = {"loadavg": la, "server_cpu_busy_pct": int(s) / 100, "client_cpu_busy_pct": int(c) / 100}
 json.dump(d, open(p, "w"))
 PY
     python3 - "$OUT/runs/$name.json" "$name" <<'PY' >&2
@@ -315,6 +315,20 @@ if what in ("all", "load", "report"):
                     row += [f"{a:.3f}", f"{b:.3f}", f"{b/a:.2f}"]
                 row.append("above handoff's max: a queue" if rate > hmax else "")
                 print("| " + " | ".join(row) + " |")
+    print("\n## Server CPU per request at the same rate (µs; both at half of handoff's max)\n")
+    print("Busy share of the server's core over the run divided by the requests answered: what each")
+    print("request costs the server whether or not the client keeps up (at max throughput the floor")
+    print("is partly held back by the client, which flatters handoff/floor).\n")
+    print("| protocol | review | rate | floor | handoff | floor/handoff |")
+    print("|---|---|---:|---:|---:|---:|")
+    for proto in ("h1", "h2"):
+        for review in ("delete", "update"):
+            f, h = load(f"own-floor-{proto}-{review}"), load(f"own-handoff-{proto}-{review}")
+            if not f or not h:
+                continue
+            cost = lambda d: d["bench"]["server_cpu_busy_pct"] / 100 * d["summary"]["total"] / max(ok(d), 1) * 1e6
+            fc, hc = cost(f), cost(h)
+            print(f"| {proto} | {review} | {round(h['summary']['requestsPerSec']):,} | {fc:.1f} | {hc:.1f} | {fc/hc:.2f} |")
     las = sorted({load(n)["bench"]["loadavg"] for n in [x[:-5] for x in os.listdir(f"{out}/runs") if x.startswith(("max-", "half-", "own-", "low-"))]})
     print(f"\nload averages seen at the start of the runs: {', '.join(las)}")
 if what in ("all", "memory", "report") and os.path.exists(f"{out}/memory.tsv"):

@@ -22,10 +22,6 @@ use axum::routing::{get, post};
 use handoff::server::tls::{CertSource, CertStore, server_config};
 use handoff::server::{self, Health};
 
-/// The same allocator as `handoff serve`, so that the ratio measures deciding, not malloc.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// What handoff answers an allowed review with, for a recorded uid: same shape, same size.
 const ANSWER: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"6e85bb16-2464-4ebb-a694-e67c44bacb81","allowed":true}}"#;
 

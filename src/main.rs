@@ -18,12 +18,6 @@ use handoff::state::State;
 use handoff::webhook::{self, Webhook};
 use handoff::{admission, certs};
 
-/// mimalloc instead of glibc malloc: a review is decoded into a few dozen small allocations
-/// freed microseconds later, and glibc's free/consolidate was ~8% of handoff's CPU under load
-/// (BENCHMARKS.md). It also returns freed memory to the system more readily.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "handoff",
