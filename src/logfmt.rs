@@ -137,6 +137,9 @@ struct TextEscape<'a, W: fmt::Write>(&'a mut W);
 
 impl<W: fmt::Write> fmt::Write for TextEscape<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
+        if !any_byte(s, |b| b < 0x20 || b == 0x7f) {
+            return self.0.write_str(s);
+        }
         let mut start = 0;
         for (i, &b) in s.as_bytes().iter().enumerate() {
             if b < 0x20 || b == 0x7f {
@@ -210,6 +213,9 @@ struct JsonEscape<'a, W: fmt::Write>(&'a mut W);
 
 impl<W: fmt::Write> fmt::Write for JsonEscape<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
+        if !any_byte(s, |b| b < 0x20 || b == 0x7f || b == b'"' || b == b'\\') {
+            return self.0.write_str(s);
+        }
         let bytes = s.as_bytes();
         let mut start = 0;
         for (i, &b) in bytes.iter().enumerate() {
@@ -233,6 +239,14 @@ impl<W: fmt::Write> fmt::Write for JsonEscape<'_, W> {
         }
         self.0.write_str(&s[start..])
     }
+}
+
+/// Whether any byte of `s` matches, 16 bytes at a time without an early exit inside a chunk
+/// (vector compares): most values have nothing to escape and are then written in one piece.
+fn any_byte(s: &str, hit: impl Fn(u8) -> bool) -> bool {
+    s.as_bytes()
+        .chunks(16)
+        .any(|c| c.iter().fold(false, |acc, &b| acc | hit(b)))
 }
 
 /// RFC 3339 in UTC with microseconds, `2026-11-30T04:27:38.205180Z`, as tracing-subscriber
