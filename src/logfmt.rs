@@ -7,7 +7,9 @@
 //! need no escaping (nearly all of them) copied in one piece.
 //!
 //! Text: `2026-11-30T04:27:38.205180Z  INFO handoff::decision: decision webhook="sync-finalizer" …`,
-//! strings quoted and escaped as Rust's `Debug` does, `%`-fields as their `Display`.
+//! strings quoted and escaped as Rust's `Debug` does, `%`-fields as their `Display` with control
+//! characters and Unicode line separators escaped; spans (kube's client opens some at debug level)
+//! before the target as `name{fields}:`.
 //! JSON: one object a line, `timestamp`, `level`, `target`, then every field at the top level.
 
 use std::fmt::{self, Write as _};
@@ -16,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
 /// The event formatter for `tracing_subscriber::fmt().event_format(...)`.
@@ -41,7 +43,7 @@ where
 {
     fn format_event(
         &self,
-        _ctx: &FmtContext<'_, S, N>,
+        ctx: &FmtContext<'_, S, N>,
         mut w: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
@@ -55,6 +57,12 @@ where
             w.write_str(meta.level().as_str())?;
             w.write_str("\",\"target\":")?;
             json_str(&mut w, meta.target())?;
+            if ctx.event_scope().is_some() {
+                let mut spans = String::new();
+                write_spans(ctx, &mut spans)?;
+                w.write_str(",\"spans\":")?;
+                json_str(&mut w, spans.trim_end())?;
+            }
             let mut v = JsonFields {
                 w: &mut w,
                 res: Ok(()),
@@ -71,6 +79,7 @@ where
                 Level::DEBUG => " DEBUG ",
                 Level::TRACE => " TRACE ",
             })?;
+            write_spans(ctx, &mut w)?;
             w.write_str(meta.target())?;
             w.write_char(':')?;
             let mut v = TextFields {
@@ -82,6 +91,30 @@ where
             w.write_char('\n')
         }
     }
+}
+
+/// The spans an event happened in, root first, as tracing-subscriber's Full format writes them:
+/// `name{fields}:` each, then a space. Nothing when there are none (handoff opens none; kube's
+/// client does at debug level, with the request's method and URL).
+fn write_spans<S, N>(ctx: &FmtContext<'_, S, N>, w: &mut impl fmt::Write) -> fmt::Result
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    let Some(scope) = ctx.event_scope() else {
+        return Ok(());
+    };
+    for span in scope.from_root() {
+        w.write_str(span.name())?;
+        let ext = span.extensions();
+        if let Some(fields) = ext.get::<FormattedFields<N>>()
+            && !fields.is_empty()
+        {
+            write!(TextEscape(w), "{{{fields}}}")?;
+        }
+        w.write_char(':')?;
+    }
+    w.write_char(' ')
 }
 
 struct TextFields<'a, 'w> {
@@ -130,6 +163,33 @@ impl Visit for TextFields<'_, '_> {
             .key(field)
             .and_then(|()| write!(TextEscape(self.w), "{value:?}"));
     }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.record_debug(field, &format_args!("{value}"));
+        if self.res.is_ok()
+            && let Some(chain) = sources(value)
+        {
+            self.res = write!(self.w, " {}.sources=", field.name())
+                .and_then(|()| TextEscape(self.w).write_str(&chain));
+        }
+    }
+}
+
+/// An error's causes, `[a, b]`, as tracing-subscriber writes them under `<field>.sources`.
+fn sources(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = e.source()?;
+    let mut out = String::from("[");
+    loop {
+        let _ = write!(out, "{next}");
+        match next.source() {
+            Some(s) => {
+                out.push_str(", ");
+                next = s;
+            }
+            None => break,
+        }
+    }
+    out.push(']');
+    Some(out)
 }
 
 /// Escapes control characters of what is written through it, as `{:?}` would (`\n`, `\u{1}`).
@@ -137,15 +197,17 @@ struct TextEscape<'a, W: fmt::Write>(&'a mut W);
 
 impl<W: fmt::Write> fmt::Write for TextEscape<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        if !any_byte(s, |b| b < 0x20 || b == 0x7f) {
+        // C0 and DEL are single bytes; C1 controls start with 0xC2, U+2028 and U+2029 (which
+        // some tools split lines on) with 0xE2. Values with none of them are written whole.
+        if !any_byte(s, |b| b < 0x20 || b == 0x7f || b == 0xc2 || b == 0xe2) {
             return self.0.write_str(s);
         }
         let mut start = 0;
-        for (i, &b) in s.as_bytes().iter().enumerate() {
-            if b < 0x20 || b == 0x7f {
+        for (i, c) in s.char_indices() {
+            if c.is_control() || c == '\u{2028}' || c == '\u{2029}' {
                 self.0.write_str(&s[start..i])?;
-                write!(self.0, "{}", char::from(b).escape_debug())?;
-                start = i + 1;
+                write!(self.0, "{}", c.escape_debug())?;
+                start = i + c.len_utf8();
             }
         }
         self.0.write_str(&s[start..])
@@ -186,6 +248,28 @@ impl Visit for JsonFields<'_, '_> {
     fn record_i64(&mut self, field: &Field, value: i64) {
         if self.res.is_ok() {
             self.res = self.key(field).and_then(|()| write!(self.w, "{value}"));
+        }
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        if !value.is_finite() {
+            // JSON has no NaN or infinity: those go as strings.
+            return self.record_debug(field, &value);
+        }
+        if self.res.is_ok() {
+            self.res = self.key(field).and_then(|()| write!(self.w, "{value}"));
+        }
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.record_debug(field, &format_args!("{value}"));
+        if self.res.is_ok()
+            && let Some(chain) = sources(value)
+        {
+            self.res = self
+                .w
+                .write_char(',')
+                .and_then(|()| json_str(self.w, &format!("{}.sources", field.name())))
+                .and_then(|()| self.w.write_char(':'))
+                .and_then(|()| json_str(self.w, &chain));
         }
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
@@ -370,7 +454,7 @@ mod tests {
     fn decision() {
         tracing::info!(
             target: "handoff::decision",
-            webhook = %"sync-finalizer",
+            webhook = "sync-finalizer",
             user = %"system:serviceaccount:kcp-syncer-x:kcp-syncer-x",
             namespace = "kcp-a",
             name = "we\"ird\nname",
@@ -389,7 +473,7 @@ mod tests {
         assert!(ts.ends_with('Z') && ts.as_bytes()[10] == b'T', "{line}");
         assert_eq!(
             rest,
-            "  INFO handoff::decision: decision webhook=sync-finalizer \
+            "  INFO handoff::decision: decision webhook=\"sync-finalizer\" \
              user=system:serviceaccount:kcp-syncer-x:kcp-syncer-x namespace=\"kcp-a\" \
              name=\"we\\\"ird\\nname\" dry_run=false \
              detail=namespace \"kcp-a\" carries a hold \\ é latency_us=42 delta=-3\n"
@@ -408,6 +492,70 @@ mod tests {
         assert!(
             warn.ends_with("  WARN handoff::logfmt::tests: bad code=400\n"),
             "{warn}"
+        );
+    }
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("list failed")
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    fn in_span_with_error() {
+        let span = tracing::info_span!("HTTP", method = "GET", url = "/api/v1/namespaces");
+        let _g = span.enter();
+        let e = Outer(std::io::Error::other("connection reset"));
+        tracing::warn!(
+            error = &e as &dyn std::error::Error,
+            ratio = 0.5f64,
+            "watch failed"
+        );
+    }
+
+    #[test]
+    fn spans_and_error_causes_are_kept() {
+        let text = capture(LogLine::text(), in_span_with_error);
+        assert!(
+            text.ends_with(
+                "  WARN HTTP{method=\"GET\" url=\"/api/v1/namespaces\"}: handoff::logfmt::tests: \
+                 watch failed error=list failed error.sources=[connection reset] ratio=0.5\n"
+            ),
+            "{text}"
+        );
+        let json = capture(LogLine::json(), in_span_with_error);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            v["spans"],
+            "HTTP{method=\"GET\" url=\"/api/v1/namespaces\"}:"
+        );
+        assert_eq!(v["error"], "list failed");
+        assert_eq!(v["error.sources"], "[connection reset]");
+        assert_eq!(v["ratio"], 0.5);
+        let nan = capture(LogLine::json(), || tracing::info!(x = f64::NAN, "n"));
+        let v: serde_json::Value = serde_json::from_str(&nan).unwrap();
+        assert_eq!(v["x"], "NaN");
+        // No span, no `spans` key and no stray space.
+        assert!(capture(LogLine::text(), decision).contains("  INFO handoff::decision: decision "));
+    }
+
+    #[test]
+    fn unicode_line_breaks_and_c1_controls_are_escaped_in_text() {
+        let line = capture(
+            LogLine::text(),
+            || tracing::warn!(error = %"unknown variant `DELETE\u{85}x\u{2028}y\u{2029}z\u{9b}`, é ✓", "bad"),
+        );
+        assert!(
+            line.ends_with(
+                " bad error=unknown variant `DELETE\\u{85}x\\u{2028}y\\u{2029}z\\u{9b}`, é ✓\n"
+            ),
+            "{line}"
         );
     }
 

@@ -414,16 +414,16 @@ fn log_decision(
 ) {
     tracing::info!(
         target: "handoff::decision",
-        webhook = %webhook.as_str(),
+        webhook = webhook.as_str(),
         uid = %req.uid,
-        user = %req.user_info.username,
-        operation = %req.operation.as_str(),
+        user = req.user_info.username.as_str(),
+        operation = req.operation.as_str(),
         resource = %req.resource_display(),
         namespace = req.namespace.as_deref().unwrap_or(""),
         name = req.object_name().unwrap_or(""),
         dry_run = req.is_dry_run(),
-        verdict = %d.verdict,
-        reason = %d.reason,
+        verdict = d.verdict,
+        reason = d.reason,
         detail = %d.detail,
         latency_us = latency.as_micros() as u64,
         "decision"
