@@ -220,68 +220,58 @@ struct JsonFields<'a, 'w> {
 }
 
 impl JsonFields<'_, '_> {
-    fn key(&mut self, field: &Field) -> fmt::Result {
-        self.w.write_char(',')?;
-        json_str(self.w, field.name())?;
-        self.w.write_char(':')
+    /// `,"key":` then the value, unless an earlier write failed.
+    fn put(&mut self, key: &str, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
+        if self.res.is_ok() {
+            self.res = self
+                .w
+                .write_char(',')
+                .and_then(|()| json_str(self.w, key))
+                .and_then(|()| self.w.write_char(':'))
+                .and_then(|()| value(self.w));
+        }
     }
 }
 
 impl Visit for JsonFields<'_, '_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if self.res.is_ok() {
-            self.res = self.key(field).and_then(|()| json_str(self.w, value));
-        }
+        self.put(field.name(), |w| json_str(w, value));
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if self.res.is_ok() {
-            self.res = self
-                .key(field)
-                .and_then(|()| self.w.write_str(if value { "true" } else { "false" }));
-        }
+        self.put(field.name(), |w| {
+            w.write_str(if value { "true" } else { "false" })
+        });
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.res.is_ok() {
-            self.res = self.key(field).and_then(|()| write!(self.w, "{value}"));
-        }
+        self.put(field.name(), |w| write!(w, "{value}"));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if self.res.is_ok() {
-            self.res = self.key(field).and_then(|()| write!(self.w, "{value}"));
-        }
+        self.put(field.name(), |w| write!(w, "{value}"));
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        if !value.is_finite() {
+        if value.is_finite() {
+            self.put(field.name(), |w| write!(w, "{value}"));
+        } else {
             // JSON has no NaN or infinity: those go as strings.
-            return self.record_debug(field, &value);
-        }
-        if self.res.is_ok() {
-            self.res = self.key(field).and_then(|()| write!(self.w, "{value}"));
+            self.record_debug(field, &value);
         }
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
         self.record_debug(field, &format_args!("{value}"));
-        if self.res.is_ok()
-            && let Some(chain) = sources(value)
-        {
-            self.res = self
-                .w
-                .write_char(',')
-                .and_then(|()| json_str(self.w, &format!("{}.sources", field.name())))
-                .and_then(|()| self.w.write_char(':'))
-                .and_then(|()| json_str(self.w, &chain));
+        if let Some(chain) = sources(value) {
+            self.put(&format!("{}.sources", field.name()), |w| {
+                json_str(w, &chain)
+            });
         }
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if self.res.is_ok() {
-            self.res = self.key(field).and_then(|()| {
-                // `%`-fields arrive here wrapped so that `{:?}` writes their `Display`; the
-                // text is escaped on its way through.
-                self.w.write_char('"')?;
-                write!(JsonEscape(self.w), "{value:?}")?;
-                self.w.write_char('"')
-            });
-        }
+        // `%`-fields arrive here wrapped so that `{:?}` writes their `Display`; the text is
+        // escaped on its way through.
+        self.put(field.name(), |w| {
+            w.write_char('"')?;
+            write!(JsonEscape(w), "{value:?}")?;
+            w.write_char('"')
+        });
     }
 }
 
