@@ -278,21 +278,23 @@ def load(name):
     return json.load(open(p)) if os.path.exists(p) else None
 def ok(d):
     return sum(v for k, v in d.get("statusCodeDistribution", {}).items() if k == "200")
+def pairs(prefix):
+    """(protocol, review, floor run, handoff run) for every pair of runs that both exist."""
+    for proto in ("h1", "h2"):
+        for review in ("delete", "update"):
+            f, h = load(f"{prefix}-floor-{proto}-{review}"), load(f"{prefix}-handoff-{proto}-{review}")
+            if f and h:
+                yield proto, review, f, h
 if what in ("all", "load", "report"):
     print("## Throughput (max, requests/s)\n")
     print("| protocol | review | floor | handoff | handoff/floor | server core busy (floor / handoff) | client core busy (floor / handoff) | non-200 or errors |")
     print("|---|---|---:|---:|---:|---|---|---|")
-    for proto in ("h1", "h2"):
-        for review in ("delete", "update"):
-            f, h = load(f"max-floor-{proto}-{review}"), load(f"max-handoff-{proto}-{review}")
-            if not f or not h:
-                continue
-            fr, hr = f["summary"]["requestsPerSec"], h["summary"]["requestsPerSec"]
-            bad = [(x, x["summary"].get("total", 0)) for x in (f, h)]
-            errs = [sum(x.get("errorDistribution", {}).values()) + sum(v for k, v in x.get("statusCodeDistribution", {}).items() if k != "200") for x in (f, h)]
-            print(f"| {proto} | {review} | {fr:,.0f} | {hr:,.0f} | {hr/fr:.2f} | "
-                  f"{f['bench']['server_cpu_busy_pct']}% / {h['bench']['server_cpu_busy_pct']}% | "
-                  f"{f['bench']['client_cpu_busy_pct']}% / {h['bench']['client_cpu_busy_pct']}% | {errs[0]} / {errs[1]} |")
+    for proto, review, f, h in pairs("max"):
+        fr, hr = f["summary"]["requestsPerSec"], h["summary"]["requestsPerSec"]
+        errs = [sum(x.get("errorDistribution", {}).values()) + sum(v for k, v in x.get("statusCodeDistribution", {}).items() if k != "200") for x in (f, h)]
+        print(f"| {proto} | {review} | {fr:,.0f} | {hr:,.0f} | {hr/fr:.2f} | "
+              f"{f['bench']['server_cpu_busy_pct']}% / {h['bench']['server_cpu_busy_pct']}% | "
+              f"{f['bench']['client_cpu_busy_pct']}% / {h['bench']['client_cpu_busy_pct']}% | {errs[0]} / {errs[1]} |")
     for prefix, title, rate_of in (
         ("half", "at half of the floor's max", "floor"),
         ("own", "at half of handoff's own max", "handoff"),
@@ -301,34 +303,26 @@ if what in ("all", "load", "report"):
         print(f"\n## Latency {title} (ms; corrected for coordinated omission)\n")
         print("| protocol | review | rate | p50 floor | p50 handoff | ratio | p99 floor | p99 handoff | ratio | p99.9 floor | p99.9 handoff | ratio | note |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-        for proto in ("h1", "h2"):
-            for review in ("delete", "update"):
-                f, h = load(f"{prefix}-floor-{proto}-{review}"), load(f"{prefix}-handoff-{proto}-{review}")
-                if not f or not h:
-                    continue
-                rate = (int(load(f"max-{rate_of}-{proto}-{review}")["summary"]["requestsPerSec"] / 2)
-                        if rate_of else round(h["summary"]["requestsPerSec"]))
-                hmax = load(f"max-handoff-{proto}-{review}")["summary"]["requestsPerSec"]
-                row = [proto, review, f"{rate:,}"]
-                for q in ("p50", "p99", "p99.9"):
-                    a, b = f["latencyPercentiles"][q] * 1e3, h["latencyPercentiles"][q] * 1e3
-                    row += [f"{a:.3f}", f"{b:.3f}", f"{b/a:.2f}"]
-                row.append("above handoff's max: a queue" if rate > hmax else "")
-                print("| " + " | ".join(row) + " |")
+        for proto, review, f, h in pairs(prefix):
+            rate = (int(load(f"max-{rate_of}-{proto}-{review}")["summary"]["requestsPerSec"] / 2)
+                    if rate_of else round(h["summary"]["requestsPerSec"]))
+            hmax = load(f"max-handoff-{proto}-{review}")["summary"]["requestsPerSec"]
+            row = [proto, review, f"{rate:,}"]
+            for q in ("p50", "p99", "p99.9"):
+                a, b = f["latencyPercentiles"][q] * 1e3, h["latencyPercentiles"][q] * 1e3
+                row += [f"{a:.3f}", f"{b:.3f}", f"{b/a:.2f}"]
+            row.append("above handoff's max: a queue" if rate > hmax else "")
+            print("| " + " | ".join(row) + " |")
     print("\n## Server CPU per request at the same rate (µs; both at half of handoff's max)\n")
     print("Busy share of the server's core over the run divided by the requests answered: what each")
     print("request costs the server whether or not the client keeps up (at max throughput the floor")
     print("is partly held back by the client, which flatters handoff/floor).\n")
     print("| protocol | review | rate | floor | handoff | floor/handoff |")
     print("|---|---|---:|---:|---:|---:|")
-    for proto in ("h1", "h2"):
-        for review in ("delete", "update"):
-            f, h = load(f"own-floor-{proto}-{review}"), load(f"own-handoff-{proto}-{review}")
-            if not f or not h:
-                continue
-            cost = lambda d: d["bench"]["server_cpu_busy_pct"] / 100 * d["summary"]["total"] / max(ok(d), 1) * 1e6
-            fc, hc = cost(f), cost(h)
-            print(f"| {proto} | {review} | {round(h['summary']['requestsPerSec']):,} | {fc:.1f} | {hc:.1f} | {fc/hc:.2f} |")
+    cost = lambda d: d["bench"]["server_cpu_busy_pct"] / 100 * d["summary"]["total"] / max(ok(d), 1) * 1e6
+    for proto, review, f, h in pairs("own"):
+        fc, hc = cost(f), cost(h)
+        print(f"| {proto} | {review} | {round(h['summary']['requestsPerSec']):,} | {fc:.1f} | {hc:.1f} | {fc/hc:.2f} |")
     las = sorted({load(n)["bench"]["loadavg"] for n in [x[:-5] for x in os.listdir(f"{out}/runs") if x.startswith(("max-", "half-", "own-", "low-"))]})
     print(f"\nload averages seen at the start of the runs: {', '.join(las)}")
 if what in ("all", "memory", "report") and os.path.exists(f"{out}/memory.tsv"):

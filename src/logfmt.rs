@@ -21,6 +21,8 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
+use crate::policy::{any_byte, write_one_line};
+
 /// The event formatter for `tracing_subscriber::fmt().event_format(...)`.
 #[derive(Debug, Clone, Copy)]
 pub struct LogLine {
@@ -192,25 +194,12 @@ fn sources(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     Some(out)
 }
 
-/// Escapes control characters of what is written through it, as `{:?}` would (`\n`, `\u{1}`).
+/// Writes what is written through it on one line (`policy::write_one_line`).
 struct TextEscape<'a, W: fmt::Write>(&'a mut W);
 
 impl<W: fmt::Write> fmt::Write for TextEscape<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        // C0 and DEL are single bytes; C1 controls start with 0xC2, U+2028 and U+2029 (which
-        // some tools split lines on) with 0xE2. Values with none of them are written whole.
-        if !any_byte(s, |b| b < 0x20 || b == 0x7f || b == 0xc2 || b == 0xe2) {
-            return self.0.write_str(s);
-        }
-        let mut start = 0;
-        for (i, c) in s.char_indices() {
-            if c.is_control() || c == '\u{2028}' || c == '\u{2029}' {
-                self.0.write_str(&s[start..i])?;
-                write!(self.0, "{}", c.escape_debug())?;
-                start = i + c.len_utf8();
-            }
-        }
-        self.0.write_str(&s[start..])
+        write_one_line(self.0, s)
     }
 }
 
@@ -313,14 +302,6 @@ impl<W: fmt::Write> fmt::Write for JsonEscape<'_, W> {
         }
         self.0.write_str(&s[start..])
     }
-}
-
-/// Whether any byte of `s` matches, 16 bytes at a time without an early exit inside a chunk
-/// (vector compares): most values have nothing to escape and are then written in one piece.
-fn any_byte(s: &str, hit: impl Fn(u8) -> bool) -> bool {
-    s.as_bytes()
-        .chunks(16)
-        .any(|c| c.iter().fold(false, |acc, &b| acc | hit(b)))
 }
 
 /// RFC 3339 in UTC with microseconds, `2026-11-30T04:27:38.205180Z`, as tracing-subscriber
