@@ -2,7 +2,7 @@
 //! decoding a DELETE review whose object is 2 KB, the guard's decision, the pin's patch,
 //! encoding the response, and the whole decode → decide → encode path as `serve` runs it.
 //!
-//! `cargo bench --bench micro`. Fixtures are read at run time from `../shared/fixtures`
+//! `cargo bench --bench micro`. Fixtures are read at run time from `tests/fixtures`
 //! (or `$HANDOFF_FIXTURES`); figures and their meaning are in BENCHMARKS.md.
 
 use std::collections::BTreeMap;
@@ -28,7 +28,7 @@ const LOCATOR: &str = r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1
 fn fixtures() -> PathBuf {
     std::env::var_os("HANDOFF_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }
 
 fn fixture(name: &str) -> serde_json::Value {

@@ -6,7 +6,7 @@
 #
 # Environment:
 #   SANITIZER=address|none   default: address when the toolchain ships its runtime, else none
-#   HANDOFF_FIXTURES=DIR     seed AdmissionReviews (default: ../shared/fixtures beside the repo)
+#   HANDOFF_FIXTURES=DIR     seed AdmissionReviews (default: tests/fixtures)
 #   CARGO_BUILD_JOBS=N       build parallelism (default 1)
 #   KEEP_GOING=1             libFuzzer fork mode: record crashes and go on fuzzing
 #
@@ -49,7 +49,7 @@ else
     mapfile -t targets < <(cargo fuzz list)
 fi
 
-fixtures=${HANDOFF_FIXTURES:-$repo/../shared/fixtures}
+fixtures=${HANDOFF_FIXTURES:-$repo/tests/fixtures}
 if ! compgen -G "$fixtures/*.json" >/dev/null; then
     echo "warning: no seed fixtures in $fixtures; starting from empty corpora" >&2
 fi

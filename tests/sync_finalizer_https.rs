@@ -1,5 +1,5 @@
 //! The sync-finalizer guard over real HTTPS (HTTP/1.1 and h2), fed the AdmissionReviews that a
-//! real kube-apiserver sent (`../shared/fixtures/`).
+//! real kube-apiserver sent (`tests/fixtures/`).
 
 mod support;
 

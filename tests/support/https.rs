@@ -22,7 +22,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 pub fn fixtures_dir() -> PathBuf {
     std::env::var_os("HANDOFF_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }
 
 pub fn fixture(name: &str) -> Vec<u8> {

@@ -1,2 +1,3 @@
 pub mod fake_api;
 pub mod https;
+pub mod apiserver;

@@ -1,0 +1,552 @@
+//! handoff against a real kube-apiserver (envtest's binaries, see `tests/support/apiserver.rs`):
+//! registered with the project's own `local` overlay, `handoff serve` watching as the base
+//! manifests' ServiceAccount, and the cluster driven with kubectl as a user would, `--as` a
+//! syncer where a syncer acts.
+//!
+//! Tests that share the one API server of this binary use namespaces of their own. Tests that
+//! restart the API server, narrow handoff's RBAC or start without the CRD get one each.
+
+mod support;
+
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::apiserver::{
+    ADMIN, ApiServer, HANDOFF_USER, Handoff, LOCATOR, NOBODY, SYNC_TARGET_KEY, SYNCER, eventually,
+    http_get, skip,
+};
+
+const SAVED: &str = "handoff.dev/replicas-before-move";
+/// A second sync target, `eu-central1` in `root:org:ws`, that no namespace here holds.
+const OTHER_KEY: &str = "7XC4490ppLf1aQRWnp9UqVybxCnQjtBwRpBHQ9";
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Env {
+    api: ApiServer,
+    handoff: Handoff,
+}
+
+/// The API server every test of this binary shares, with handoff registered and ready. It
+/// lives until the binary exits (the harness's processes die with it).
+fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let api = ApiServer::start();
+        let (handoff, _) = start_registered(&api, HANDOFF_USER, true);
+        Env { api, handoff }
+    })
+}
+
+/// handoff's RBAC from the base manifests, the syncers' own rights, handoff serving and
+/// registered (with or without the CRD), ready when `wait` says so.
+fn start_registered(api: &ApiServer, user: &str, wait: bool) -> (Handoff, String) {
+    let rbac = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base/rbac.yaml"),
+    )
+    .expect("rbac.yaml");
+    api.apply(&rbac);
+    // Syncers delete what they synced: give the impersonated ServiceAccount those rights.
+    api.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: test-syncers\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\nsubjects:\n- kind: User\n  name: {SYNCER}\n"
+    ));
+    let mut handoff = Handoff::start(api, user, &[]);
+    let rendered = handoff.rendered_local_overlay();
+    api.apply(&rendered);
+    if wait {
+        handoff.wait_ready();
+    }
+    (handoff, rendered)
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn held_namespace(api: &ApiServer, name: &str, key: &str) {
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  annotations:\n    kcp.io/namespace-locator: '{LOCATOR}'\n    finalizers.workload.kcp.io/{key}: glbc-migration\n"
+    ));
+}
+
+fn configmaps(api: &ApiServer, ns: &str, names: &[&str]) {
+    for n in names {
+        api.ok(ADMIN, &["-n", ns, "create", "configmap", n]);
+    }
+}
+
+fn exists(api: &ApiServer, args: &[&str]) -> bool {
+    api.kubectl(ADMIN, &[&["get"], args].concat())
+        .status
+        .success()
+}
+
+/// `kubectl … --as <syncer>`: `(succeeded, stderr)`.
+fn as_syncer(api: &ApiServer, args: &[&str]) -> (bool, String) {
+    let out = api.kubectl(ADMIN, &[args, &["--as", SYNCER]].concat());
+    (out.status.success(), text(&out.stderr))
+}
+
+fn assert_held(api: &ApiServer, args: &[&str], ns: &str) {
+    let (ok, err) = as_syncer(api, args);
+    assert!(!ok, "kubectl {} --as syncer passed", args.join(" "));
+    assert!(
+        err.contains("admission webhook \"sync-finalizer.handoff.dev\" denied the request")
+            && err.contains(&format!("namespace \"{ns}\""))
+            && err.contains(&format!("finalizers.workload.kcp.io/{SYNC_TARGET_KEY}"))
+            && err.contains("us-west1"),
+        "kubectl {}: {err}",
+        args.join(" ")
+    );
+}
+
+#[test]
+fn a_sync_targets_deletes_are_held_in_its_namespace_and_nobody_elses() {
+    if skip() {
+        return;
+    }
+    let api = &env().api;
+    let ns = "guard-held";
+    held_namespace(api, ns, SYNC_TARGET_KEY);
+    configmaps(api, ns, &["db-config", "cache-config", "admin-owned"]);
+
+    // A plain delete, a dry run and a delete-collection of the sync target are held.
+    assert_held(api, &["-n", ns, "delete", "configmap", "db-config"], ns);
+    assert_held(
+        api,
+        &[
+            "-n",
+            ns,
+            "delete",
+            "configmap",
+            "db-config",
+            "--dry-run=server",
+        ],
+        ns,
+    );
+    assert_held(
+        api,
+        &["delete", "--raw", &format!("/api/v1/namespaces/{ns}/configmaps")],
+        ns,
+    );
+    // The namespace itself (its deletion would cascade past the hold).
+    assert_held(api, &["delete", "namespace", ns, "--wait=false"], ns);
+    assert!(exists(api, &["-n", ns, "configmap", "db-config"]));
+    assert!(exists(api, &["-n", ns, "configmap", "cache-config"]));
+    let phase = api.ok(ADMIN, &["get", "namespace", ns, "-o", "jsonpath={.status.phase}"]);
+    assert_eq!(phase, "Active");
+
+    // The admin is never held (and the matchCondition means handoff is not even asked).
+    api.ok(ADMIN, &["-n", ns, "delete", "configmap", "admin-owned"]);
+
+    // Lifting the hold releases the sync target, as soon as handoff's watch sees it.
+    api.ok(
+        ADMIN,
+        &[
+            "annotate",
+            "namespace",
+            ns,
+            &format!("finalizers.workload.kcp.io/{SYNC_TARGET_KEY}-"),
+        ],
+    );
+    eventually("the lifted hold lets the syncer delete", WAIT, || {
+        as_syncer(api, &["-n", ns, "delete", "configmap", "db-config"])
+            .0
+            .then_some(())
+    });
+    let (ok, err) = as_syncer(
+        api,
+        &["delete", "--raw", &format!("/api/v1/namespaces/{ns}/configmaps")],
+    );
+    assert!(ok, "delete-collection after the hold was lifted: {err}");
+    assert!(!exists(api, &["-n", ns, "configmap", "cache-config"]));
+}
+
+#[test]
+fn a_hold_for_another_sync_target_or_no_hold_lets_the_syncer_delete() {
+    if skip() {
+        return;
+    }
+    let api = &env().api;
+    held_namespace(api, "guard-other", OTHER_KEY);
+    configmaps(api, "guard-other", &["x"]);
+    let (ok, err) = as_syncer(api, &["-n", "guard-other", "delete", "configmap", "x"]);
+    assert!(ok, "another sync target's hold held this one: {err}");
+
+    api.ok(ADMIN, &["create", "namespace", "guard-plain"]);
+    configmaps(api, "guard-plain", &["y"]);
+    let (ok, err) = as_syncer(api, &["-n", "guard-plain", "delete", "configmap", "y"]);
+    assert!(ok, "a namespace without a hold held the syncer: {err}");
+}
+
+#[test]
+fn a_namespace_created_a_moment_before_the_delete_is_held() {
+    if skip() {
+        return;
+    }
+    let api = &env().api;
+    let ns = "guard-fresh";
+    // One apply creates the held namespace and its object; the delete follows at once, before
+    // or after handoff's watch saw the namespace: either way it is held.
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  annotations:\n    kcp.io/namespace-locator: '{LOCATOR}'\n    finalizers.workload.kcp.io/{SYNC_TARGET_KEY}: migrating\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: db-password\n  namespace: {ns}\nstringData:\n  p: x\n"
+    ));
+    assert_held(api, &["-n", ns, "delete", "secret", "db-password"], ns);
+    assert!(exists(api, &["-n", ns, "secret", "db-password"]));
+}
+
+fn capi_deployment(ns: &str, name: &str, replicas: i64) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    cluster.x-k8s.io/provider: cluster-api\n    clusterctl.cluster.x-k8s.io: \"\"\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: manager\n        image: registry.example/capi:v1\n"
+    )
+}
+
+fn app_deployment(ns: &str, name: &str, replicas: i64) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: web\n        image: registry.example/web:v1\n"
+    )
+}
+
+/// `(spec.replicas, the saved-count annotation)` of a Deployment.
+fn replicas(api: &ApiServer, ns: &str, name: &str) -> (i64, Option<String>) {
+    let d: Value = serde_json::from_str(&api.ok(
+        ADMIN,
+        &["-n", ns, "get", "deployment", name, "-o", "json"],
+    ))
+    .expect("json");
+    (
+        d["spec"]["replicas"].as_i64().expect("replicas"),
+        d["metadata"]["annotations"][SAVED]
+            .as_str()
+            .map(str::to_string),
+    )
+}
+
+fn handoff_cmd(api: &ApiServer, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(api.kubeconfig(ADMIN))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("handoff")
+}
+
+fn metric(handoff: &Handoff, name: &str) -> Option<f64> {
+    let (_, body) = http_get(handoff.metrics_port, "/metrics")?;
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Only one test opens windows on the shared API server: a window is cluster-wide.
+static WINDOWS: Mutex<()> = Mutex::new(());
+
+#[test]
+fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
+    if skip() {
+        return;
+    }
+    let _one = WINDOWS.lock().unwrap_or_else(|e| e.into_inner());
+    let Env { api, handoff } = env();
+    api.ok(ADMIN, &["create", "namespace", "pin-capi"]);
+    api.ok(ADMIN, &["create", "namespace", "pin-app"]);
+    api.apply(&capi_deployment("pin-capi", "capi-controller-manager", 2));
+    api.apply(&app_deployment("pin-app", "web", 1));
+
+    let out = handoff_cmd(
+        api,
+        &[
+            "window",
+            "open",
+            "capi-move",
+            "--reason",
+            "test move",
+            "--wait-timeout",
+            "10s",
+        ],
+    );
+    assert!(out.status.success(), "window open: {}", text(&out.stderr));
+    assert_eq!(
+        replicas(api, "pin-capi", "capi-controller-manager"),
+        (0, Some("2".into()))
+    );
+    eventually("handoff sees the open window", WAIT, || {
+        (metric(handoff, "handoff_open_move_windows") == Some(1.0)).then_some(())
+    });
+
+    // A create of a selected Deployment: stored at 0, the asked-for count kept, and kubectl
+    // prints the warning.
+    let out = api.kubectl_stdin(
+        ADMIN,
+        &["apply", "-f", "-"],
+        Some(&capi_deployment("pin-capi", "capi-kubeadm-bootstrap", 3)),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let warning = text(&out.stderr);
+    assert!(
+        warning.contains("Warning: MoveWindow \"capi-move\" pins Deployment pin-capi/capi-kubeadm-bootstrap to 0 replicas")
+            && warning.contains("restored to 3"),
+        "{warning}"
+    );
+    assert_eq!(
+        replicas(api, "pin-capi", "capi-kubeadm-bootstrap"),
+        (0, Some("3".into()))
+    );
+
+    // A client-side apply that asks for 4.
+    let out = api.kubectl_stdin(
+        ADMIN,
+        &["apply", "-f", "-"],
+        Some(&capi_deployment("pin-capi", "capi-controller-manager", 4)),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("Warning: MoveWindow"));
+    assert_eq!(
+        replicas(api, "pin-capi", "capi-controller-manager"),
+        (0, Some("4".into()))
+    );
+
+    // A server-side apply that asks for 5 (its manifest carries no annotation).
+    let out = api.kubectl_stdin(
+        ADMIN,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=gitops",
+            "-f",
+            "-",
+        ],
+        Some(&capi_deployment("pin-capi", "capi-controller-manager", 5)),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        replicas(api, "pin-capi", "capi-controller-manager"),
+        (0, Some("5".into()))
+    );
+
+    // kubectl scale: the Scale is pinned, the saved count stands.
+    let out = api.kubectl(
+        ADMIN,
+        &[
+            "-n",
+            "pin-capi",
+            "scale",
+            "deployment",
+            "capi-controller-manager",
+            "--replicas=6",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("Warning: MoveWindow \"capi-move\" pins"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        replicas(api, "pin-capi", "capi-controller-manager"),
+        (0, Some("5".into()))
+    );
+
+    // An application is never touched.
+    api.ok(
+        ADMIN,
+        &["-n", "pin-app", "scale", "deployment", "web", "--replicas=3"],
+    );
+    assert_eq!(replicas(api, "pin-app", "web"), (3, None));
+
+    let out = handoff_cmd(api, &["window", "status"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("capi-move") && table.contains("pin-capi/capi-controller-manager"),
+        "{table}"
+    );
+
+    let out = handoff_cmd(api, &["window", "close", "capi-move"]);
+    assert!(out.status.success(), "window close: {}", text(&out.stderr));
+    assert_eq!(
+        replicas(api, "pin-capi", "capi-controller-manager"),
+        (5, None)
+    );
+    assert_eq!(
+        replicas(api, "pin-capi", "capi-kubeadm-bootstrap"),
+        (3, None)
+    );
+    eventually("handoff sees the window closed", WAIT, || {
+        (metric(handoff, "handoff_open_move_windows") == Some(0.0)).then_some(())
+    });
+    api.ok(
+        ADMIN,
+        &[
+            "-n",
+            "pin-capi",
+            "scale",
+            "deployment",
+            "capi-controller-manager",
+            "--replicas=2",
+        ],
+    );
+    assert_eq!(
+        replicas(api, "pin-capi", "capi-controller-manager"),
+        (2, None)
+    );
+}
+
+#[test]
+fn the_watch_lists_again_after_the_api_server_restarts() {
+    if skip() {
+        return;
+    }
+    let mut api = ApiServer::start();
+    let (mut handoff, _) = start_registered(&api, HANDOFF_USER, true);
+    held_namespace(&api, "before-restart", SYNC_TARGET_KEY);
+    configmaps(&api, "before-restart", &["a"]);
+    assert_held(
+        &api,
+        &["-n", "before-restart", "delete", "configmap", "a"],
+        "before-restart",
+    );
+
+    let synced = |h: &Handoff| h.log().matches("cache synced").count();
+    let before = synced(&handoff);
+    api.restart_apiserver(Duration::from_secs(1));
+    // A namespace created after the restart, seen plain by the new list...
+    api.ok(ADMIN, &["create", "namespace", "after-restart"]);
+    configmaps(&api, "after-restart", &["b"]);
+    eventually("every watch lists again after the restart", WAIT, || {
+        (synced(&handoff) >= before + 3).then_some(())
+    });
+    let (ok, err) = as_syncer(&api, &["-n", "after-restart", "delete", "configmap", "b"]);
+    assert!(ok, "a plain namespace held the syncer: {err}");
+    configmaps(&api, "after-restart", &["c"]);
+    // ...then held: only the resumed watch can bring that news, as handoff has the namespace.
+    api.ok(
+        ADMIN,
+        &[
+            "annotate",
+            "namespace",
+            "after-restart",
+            &format!("kcp.io/namespace-locator={LOCATOR}"),
+            &format!("finalizers.workload.kcp.io/{SYNC_TARGET_KEY}=after-restart"),
+        ],
+    );
+    // A dry run gets the real verdict and deletes nothing, so polling with it cannot lose the
+    // object to the moment before the watch event arrives.
+    let delete_c = ["-n", "after-restart", "delete", "configmap", "c"];
+    eventually("the hold set after the restart holds", WAIT, || {
+        let (ok, _) = as_syncer(&api, &[&delete_c[..], &["--dry-run=server"]].concat());
+        (!ok).then_some(())
+    });
+    assert_held(&api, &delete_c, "after-restart");
+    assert!(exists(&api, &["-n", "after-restart", "configmap", "c"]));
+    handoff.stop();
+}
+
+#[test]
+fn without_rights_to_movewindows_the_guard_still_holds_and_apps_scale() {
+    if skip() {
+        return;
+    }
+    let api = ApiServer::start();
+    // handoff's rights, less movewindows: RBAC narrowed by hand, or an old ClusterRole.
+    api.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: handoff-narrow\nrules:\n- apiGroups: [\"\"]\n  resources: [namespaces]\n  verbs: [get, list, watch]\n- apiGroups: [apps]\n  resources: [deployments]\n  verbs: [get, list, watch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: handoff-narrow\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: handoff-narrow\nsubjects:\n- kind: User\n  name: {NOBODY}\n"
+    ));
+    let (handoff, _) = start_registered(&api, NOBODY, false);
+    eventually("the movewindows watch reports RBAC", WAIT, || {
+        handoff
+            .log()
+            .contains("movewindows.handoff.dev is forbidden")
+            .then_some(())
+    });
+    held_namespace(&api, "narrow", SYNC_TARGET_KEY);
+    configmaps(&api, "narrow", &["c"]);
+    assert_held(&api, &["-n", "narrow", "delete", "configmap", "c"], "narrow");
+    api.ok(ADMIN, &["-n", "narrow", "delete", "configmap", "c"]);
+
+    // An application's scale-up is none of the pin's business, whatever handoff cannot read.
+    api.ok(ADMIN, &["create", "namespace", "shop"]);
+    api.apply(&app_deployment("shop", "web", 1));
+    let out = api.kubectl(
+        ADMIN,
+        &["-n", "shop", "scale", "deployment", "web", "--replicas=3"],
+    );
+    assert!(
+        out.status.success(),
+        "an app's scale-up was refused: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(replicas(&api, "shop", "web"), (3, None));
+}
+
+#[test]
+fn a_crd_installed_after_start_up_is_picked_up() {
+    if skip() {
+        return;
+    }
+    let api = ApiServer::start();
+    let rendered = {
+        // Everything but the CRD first.
+        let (handoff, rendered) = {
+            let rbac = std::fs::read_to_string(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base/rbac.yaml"),
+            )
+            .expect("rbac.yaml");
+            api.apply(&rbac);
+            let h = Handoff::start(&api, HANDOFF_USER, &[]);
+            let r = h.rendered_local_overlay();
+            (h, r)
+        };
+        let (crd, rest): (Vec<&str>, Vec<&str>) = rendered
+            .split("\n---\n")
+            .partition(|doc| doc.contains("kind: CustomResourceDefinition"));
+        api.apply(&rest.join("\n---\n"));
+        eventually("the movewindows watch fails for want of the CRD", WAIT, || {
+            handoff.log().contains("watch failed").then_some(())
+        });
+        api.apply(&crd.join("\n---\n"));
+        api.ok(
+            ADMIN,
+            &[
+                "wait",
+                "--for=condition=Established",
+                "crd/movewindows.handoff.dev",
+            ],
+        );
+        eventually("handoff lists MoveWindows once the CRD exists", WAIT * 3, || {
+            handoff
+                .log()
+                .lines()
+                .any(|l| l.contains("cache synced") && l.contains("movewindows"))
+                .then_some(())
+        });
+        (handoff, rendered)
+    };
+    let (mut handoff, _) = rendered;
+    handoff.wait_ready();
+    api.ok(ADMIN, &["create", "namespace", "late-capi"]);
+    api.apply(&capi_deployment("late-capi", "capi-controller-manager", 1));
+    let out = handoff_cmd(&api, &["window", "open", "late", "--wait-timeout", "0s"]);
+    assert!(out.status.success(), "window open: {}", text(&out.stderr));
+    eventually("handoff sees the window", WAIT, || {
+        (metric(&handoff, "handoff_open_move_windows") == Some(1.0)).then_some(())
+    });
+    api.ok(
+        ADMIN,
+        &[
+            "-n",
+            "late-capi",
+            "scale",
+            "deployment",
+            "capi-controller-manager",
+            "--replicas=2",
+        ],
+    );
+    assert_eq!(
+        replicas(&api, "late-capi", "capi-controller-manager"),
+        (0, Some("1".into()))
+    );
+    handoff.stop();
+}
