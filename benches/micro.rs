@@ -14,7 +14,7 @@ use std::task::{Context, Poll, Waker};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use handoff::admission::{AdmissionResponse, decode_review, encode_review};
 use handoff::policy::identity::Identities;
-use handoff::policy::move_window::{self, PinRequest, PinTarget, PinVerdict};
+use handoff::policy::move_window::{self, PinRequest, PinTarget, PinVerdict, WindowView};
 use handoff::policy::sync_finalizer::{self, DeleteRequest, NamespaceMeta, NamespaceState};
 use handoff::state::State;
 use handoff::state::namespaces::{CacheEntry, NamespaceCache};
@@ -189,7 +189,7 @@ fn bench_pin(c: &mut Criterion) {
                     old_object: req.old_object.as_ref(),
                 },
             };
-            match move_window::decide(black_box(&pin), &windows, &state.own) {
+            match move_window::decide(black_box(&pin), &WindowView::known(&windows), &state.own) {
                 PinVerdict::Pin { ops, .. } => AdmissionResponse::allow(&req.uid).with_patch(&ops),
                 other => panic!("not pinned: {other:?}"),
             }

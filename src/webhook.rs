@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use crate::admission::{AdmissionRequest, AdmissionResponse, Operation};
-use crate::policy::move_window::{self, ParentDeployment, PinRequest, PinTarget, PinVerdict};
+use crate::policy::move_window::{
+    self, Doubt, OpenWindow, ParentDeployment, PinRequest, PinTarget, PinVerdict, WindowView,
+};
 use crate::policy::sync_finalizer::{self, DeleteRequest, NamespaceState, Verdict};
 use crate::state::{DeploymentLookup, NamespaceLookup, State};
 
@@ -101,23 +103,42 @@ async fn decide_move_window(state: &State, req: &AdmissionRequest) -> Decision {
         (true, "scale", Operation::Update) => true,
         _ => return Decision::allow(req, "not-applicable"),
     };
-    if !state.windows.is_synced() {
-        return Decision::deny(
-            req,
-            "state-unavailable",
-            "handoff has not yet read the MoveWindows from the API server, so it cannot tell whether this Deployment must stay at 0 replicas; retry in a moment".to_string(),
-        );
-    }
-    if let Some(why) = state.windows_stale() {
-        return Decision::deny(
-            req,
-            "state-unavailable",
-            format!("{why}; handoff cannot tell whether this Deployment must stay at 0 replicas"),
-        );
-    }
-    let windows = state.windows.open();
-    let invalid = state.windows.invalid();
-    if windows.is_empty() && invalid.is_empty() {
+    let snap = state.windows.snapshot();
+    // Windows handoff cannot see: not listed yet, or the watch has gone stale. Then the last
+    // known windows only tell what could be selected; they pin nothing on their own.
+    let unseen = if state.windows.is_synced() {
+        state.health.windows.stale("MoveWindow", state.stale_after)
+    } else {
+        Some("handoff has not yet read the MoveWindows from the API server".to_string())
+    };
+    let doubt = match &unseen {
+        Some(why) => Some(("state-unavailable", why.clone())),
+        None if !snap.invalid.is_empty() => Some(("invalid-window", snap.invalid.join("; "))),
+        None => None,
+    };
+    let could_select: Vec<OpenWindow> = match &unseen {
+        Some(_) => std::iter::once(default_window().clone())
+            .chain(snap.open.iter().map(|w| OpenWindow {
+                name: format!("the last known selector of MoveWindow \"{}\"", w.name),
+                selector: w.selector.clone(),
+            }))
+            .collect(),
+        None => Vec::new(),
+    };
+    let view = WindowView {
+        open: if unseen.is_some() { &[] } else { &snap.open },
+        pinned: &snap.pinned,
+        doubt: doubt.as_ref().map(|(reason, why)| Doubt {
+            reason,
+            why,
+            could_select: if unseen.is_some() {
+                &could_select
+            } else {
+                std::slice::from_ref(default_window())
+            },
+        }),
+    };
+    if view.open.is_empty() && view.doubt.is_none() {
         return Decision::allow(req, "no-open-window");
     }
     let Some(object) = req.object.as_ref() else {
@@ -138,12 +159,18 @@ async fn decide_move_window(state: &State, req: &AdmissionRequest) -> Decision {
         .unwrap_or("");
     let name = req.object_name().unwrap_or("");
     let lookup;
+    let parent_stale;
     let target = if scale {
         lookup = state.deployment(namespace, name).await;
+        parent_stale = state
+            .health
+            .deployments
+            .stale("Deployment", state.stale_after);
         let parent = match &lookup {
             DeploymentLookup::Known(d) => ParentDeployment::Known {
                 labels: d.labels.as_ref(),
                 annotations: d.annotations.as_ref(),
+                stale: parent_stale.as_deref(),
             },
             DeploymentLookup::Missing => ParentDeployment::Missing,
             DeploymentLookup::Unavailable(why) => ParentDeployment::Unavailable(why),
@@ -160,29 +187,7 @@ async fn decide_move_window(state: &State, req: &AdmissionRequest) -> Decision {
         name,
         target,
     };
-    if !invalid.is_empty() {
-        // An open window whose selector cannot be read might select this Deployment. Refuse
-        // the writes that Cluster API's default selector would pin, rather than let a
-        // controller start mid-move; everything else passes.
-        let fallback = [move_window::OpenWindow {
-            name: "(invalid selector)".into(),
-            selector: crate::window::resource::MoveWindowSpec::default_selector(),
-        }];
-        if matches!(
-            move_window::decide(&pin, &fallback, &state.own),
-            PinVerdict::Pin { .. } | PinVerdict::Deny { .. }
-        ) {
-            return Decision::deny(
-                req,
-                "invalid-window",
-                format!(
-                    "{}; until it is fixed or closed, handoff refuses writes to Cluster API controller Deployments that it might have to pin",
-                    invalid.join("; ")
-                ),
-            );
-        }
-    }
-    match move_window::decide(&pin, &windows, &state.own) {
+    match move_window::decide(&pin, &view, &state.own) {
         PinVerdict::Allow(reason) => Decision::allow(req, reason),
         PinVerdict::Deny { reason, message } => Decision::deny(req, reason, message),
         PinVerdict::Pin {
@@ -221,4 +226,13 @@ async fn decide_sync_finalizer(state: &State, req: &AdmissionRequest) -> Decisio
         v @ Verdict::Allow(_) => Decision::allow(req, v.reason()),
         Verdict::Deny { rule, message } => Decision::deny(req, rule.as_str(), message),
     }
+}
+
+/// Cluster API's provider controllers: what a window handoff cannot see would most likely pin.
+fn default_window() -> &'static OpenWindow {
+    static DEFAULT: std::sync::LazyLock<OpenWindow> = std::sync::LazyLock::new(|| OpenWindow {
+        name: "the Cluster API default selector".into(),
+        selector: crate::window::resource::MoveWindowSpec::default_selector(),
+    });
+    &DEFAULT
 }

@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 use handoff::admission::{AdmissionRequest, ObjectView, PatchOp, decode_review};
 use handoff::policy::move_window::{
     OpenWindow, OwnDeployment, ParentDeployment, PinRequest, PinTarget, PinVerdict,
-    SAVED_REPLICAS_ANNOTATION, SavedReplicas, decide,
+    SAVED_REPLICAS_ANNOTATION, SavedReplicas, WindowView, decide,
 };
 use handoff::policy::selector::Selector;
 use handoff::state::windows::DeploymentMeta;
@@ -95,7 +95,7 @@ fn check_deployment(req: &AdmissionRequest, raw: Option<&Value>, pin: &PinReques
         restore_to,
         reason,
         ..
-    } = decide(pin, &WINDOWS, &OWN)
+    } = decide(pin, &WindowView::known(&WINDOWS), &OWN)
     else {
         return;
     };
@@ -155,7 +155,7 @@ fn check_deployment(req: &AdmissionRequest, raw: Option<&Value>, pin: &PinReques
         },
         ..*pin
     };
-    match decide(&again, &WINDOWS, &OWN) {
+    match decide(&again, &WindowView::known(&WINDOWS), &OWN) {
         PinVerdict::Pin {
             ops: ops2,
             restore_to: r2,
@@ -175,7 +175,7 @@ fn check_scale(raw: Option<&Value>, pin: &PinRequest<'_>) {
     let PinTarget::Scale { parent, .. } = pin.target else {
         unreachable!()
     };
-    let PinVerdict::Pin { ops, .. } = decide(pin, &WINDOWS, &OWN) else {
+    let PinVerdict::Pin { ops, .. } = decide(pin, &WindowView::known(&WINDOWS), &OWN) else {
         return;
     };
     let Some(raw) = raw.filter(|r| k8s_shape(r)) else {
@@ -198,7 +198,7 @@ fn check_scale(raw: Option<&Value>, pin: &PinRequest<'_>) {
         },
         ..*pin
     };
-    match decide(&again, &WINDOWS, &OWN) {
+    match decide(&again, &WindowView::known(&WINDOWS), &OWN) {
         PinVerdict::Pin { ops: ops2, .. } => assert!(
             ops2.is_empty(),
             "scale not idempotent: first {ops:?}, then {ops2:?} on {doc}"
@@ -250,10 +250,12 @@ fuzz_target!(|data: &[u8]| {
         ParentDeployment::Known {
             labels: own_meta.labels.as_ref(),
             annotations: own_meta.annotations.as_ref(),
+            stale: None,
         },
         ParentDeployment::Known {
             labels: selected_meta.labels.as_ref(),
             annotations: selected_meta.annotations.as_ref(),
+            stale: None,
         },
         ParentDeployment::Missing,
         ParentDeployment::Unavailable("the API server did not answer within 3s"),

@@ -56,10 +56,55 @@ pub enum ParentDeployment<'a> {
     Known {
         labels: Option<&'a BTreeMap<String, String>>,
         annotations: Option<&'a BTreeMap<String, String>>,
+        /// Set when these come from a cache whose watch has been failing: the labels may be
+        /// out of date, so a window's list of pinned Deployments counts too.
+        stale: Option<&'a str>,
     },
     /// No such Deployment: the API server will answer the scale with 404 anyway.
     Missing,
+    /// Neither cached nor readable now.
     Unavailable(&'a str),
+}
+
+/// A Deployment that a MoveWindow's status lists as pinned (`status.pinned[]`), readable even
+/// when the window's selector or the Deployment's labels are not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinnedRef {
+    pub window: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Why the pin may not see every open window, and which selectors such a window could have.
+#[derive(Debug, Clone, Copy)]
+pub struct Doubt<'a> {
+    /// `state-unavailable` (not yet read, or the watch is stale) or `invalid-window`.
+    pub reason: &'static str,
+    pub why: &'a str,
+    /// The Cluster API default and the last known selectors, each named for the message.
+    pub could_select: &'a [OpenWindow],
+}
+
+/// What handoff knows of the MoveWindows when a write arrives (DESIGN §1.3).
+#[derive(Debug, Clone, Copy)]
+pub struct WindowView<'a> {
+    /// Open windows it has read and can trust.
+    pub open: &'a [OpenWindow],
+    /// Deployments that open (or possibly open) windows list as pinned.
+    pub pinned: &'a [PinnedRef],
+    /// Set while windows may be open that `open` does not show.
+    pub doubt: Option<Doubt<'a>>,
+}
+
+impl<'a> WindowView<'a> {
+    /// A complete view: exactly these windows are open.
+    pub fn known(open: &'a [OpenWindow]) -> Self {
+        WindowView {
+            open,
+            pinned: &[],
+            doubt: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -100,8 +145,12 @@ pub enum PinVerdict {
 }
 
 /// Decide one write. Idempotent: a request that is already pinned gets no patch operations.
-pub fn decide(req: &PinRequest<'_>, windows: &[OpenWindow], own: &OwnDeployment) -> PinVerdict {
-    if windows.is_empty() {
+///
+/// Only a write that a window selects is pinned, and only one that a window *could* select is
+/// refused while handoff cannot see every window or the parent of a Scale (DESIGN §1.3):
+/// everything else passes, whatever handoff's caches know.
+pub fn decide(req: &PinRequest<'_>, view: &WindowView<'_>, own: &OwnDeployment) -> PinVerdict {
+    if view.open.is_empty() && view.doubt.is_none() {
         return PinVerdict::Allow("no-open-window");
     }
     if req.namespace == own.namespace && req.name == own.name {
@@ -110,150 +159,207 @@ pub fn decide(req: &PinRequest<'_>, windows: &[OpenWindow], own: &OwnDeployment)
     let what = format!("{}/{}", req.namespace, req.name);
     match req.target {
         PinTarget::Deployment { object, old_object } => {
-            let Some(w) = windows
-                .iter()
-                .find(|w| w.selector.matches(object.metadata.labels.as_ref()))
-            else {
-                return PinVerdict::Allow("not-selected");
-            };
-            let asked = object.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            if asked < 0 {
-                // Mutation runs before validation: pinning would turn an invalid write into a
-                // valid one. Leave it for the API server to reject.
-                return PinVerdict::Allow("invalid-replicas");
-            }
-            let present = object
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(SAVED_REPLICAS_ANNOTATION));
-            // `Some` = the count to keep; `None` = leave an unreadable annotation alone, for
-            // `handoff window close` to report (it restores such a Deployment to 1).
-            let saved = if asked == 0 {
-                // Asking for 0 while pinned is what every pinned write looks like; the count
-                // to restore stays, even when the client dropped the annotation.
-                let readable = SavedReplicas::from_annotations(
-                    object.metadata.annotations.as_ref(),
-                )
-                .or_else(|| {
-                    old_object.and_then(|o| {
-                        SavedReplicas::from_annotations(o.metadata.annotations.as_ref())
-                    })
-                });
-                match (readable, present) {
-                    (Some(s), _) => Some(s),
-                    (None, Some(_)) => None,
-                    (None, None) => Some(SavedReplicas(0)),
-                }
-            } else {
-                Some(SavedReplicas(asked))
-            };
-            let mut ops = Vec::with_capacity(2);
-            match object.spec.as_ref() {
-                None => ops.push(PatchOp::Add {
-                    path: "/spec".into(),
-                    value: serde_json::json!({ "replicas": 0 }),
-                }),
-                Some(s) if s.replicas != Some(0) => ops.push(PatchOp::Add {
-                    path: "/spec/replicas".into(),
-                    value: 0.into(),
-                }),
-                Some(_) => {}
-            }
-            let Some(saved) = saved else {
-                return PinVerdict::Pin {
-                    warning: format!(
-                        "MoveWindow \"{}\" pins Deployment {what} to 0 replicas; its {SAVED_REPLICAS_ANNOTATION} annotation {:?} is unreadable, so it will be restored to 1 when the window closes unless you set it",
-                        w.name,
-                        present.map(String::as_str).unwrap_or_default()
-                    ),
-                    window: w.name.clone(),
-                    ops,
-                    restore_to: SavedReplicas(1),
-                    reason: "pinned-unreadable-count",
-                };
-            };
-            let saved_text = saved.to_string();
-            match object.metadata.annotations.as_ref() {
-                None => ops.push(PatchOp::Add {
-                    path: "/metadata/annotations".into(),
-                    value: serde_json::json!({ SAVED_REPLICAS_ANNOTATION: saved_text }),
-                }),
-                Some(a) if a.get(SAVED_REPLICAS_ANNOTATION) != Some(&saved_text) => {
-                    ops.push(PatchOp::Add {
-                        path: pointer(&["metadata", "annotations", SAVED_REPLICAS_ANNOTATION]),
-                        value: saved_text.into(),
-                    })
-                }
-                Some(_) => {}
-            }
-            PinVerdict::Pin {
-                warning: format!(
-                    "MoveWindow \"{}\" pins Deployment {what} to 0 replicas; it will be restored to {saved} when the window closes",
-                    w.name
-                ),
-                window: w.name.clone(),
-                ops,
-                restore_to: saved,
-                reason: "pinned",
+            let labels = object.metadata.labels.as_ref();
+            match view.open.iter().find(|w| w.selector.matches(labels)) {
+                Some(w) => pin_deployment(w, &what, object, old_object),
+                None => refuse_if_could_be_pinned(req, view, Some(labels), None, &what)
+                    .unwrap_or(PinVerdict::Allow("not-selected")),
             }
         }
         PinTarget::Scale { object, parent } => {
-            let (labels, annotations) = match parent {
+            let (labels, annotations, parent_doubt) = match parent {
                 ParentDeployment::Known {
                     labels,
                     annotations,
-                } => (labels, annotations),
+                    stale,
+                } => (Some(labels), annotations, stale),
                 ParentDeployment::Missing => return PinVerdict::Allow("no-such-deployment"),
-                ParentDeployment::Unavailable(why) => {
-                    return PinVerdict::Deny {
-                        reason: "state-unavailable",
-                        message: format!(
-                            "a MoveWindow is open and handoff cannot read Deployment {what} to tell whether it is pinned ({why}); the scale request is refused rather than risk starting a controller mid-move"
-                        ),
-                    };
-                }
+                ParentDeployment::Unavailable(why) => (None, None, Some(why)),
             };
-            let Some(w) = windows.iter().find(|w| w.selector.matches(labels)) else {
-                return PinVerdict::Allow("not-selected");
-            };
-            let asked = object.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
-            if asked < 0 {
-                return PinVerdict::Allow("invalid-replicas");
-            }
-            let (restore_to, note) = match SavedReplicas::from_annotations(annotations) {
-                Some(s) => (s, String::new()),
-                None => (
-                    SavedReplicas(1),
-                    " (it carries no readable saved count, so 1)".to_string(),
-                ),
-            };
-            let ops = if asked == 0 {
-                vec![]
-            } else {
-                vec![PatchOp::Add {
-                    path: "/spec/replicas".into(),
-                    value: 0.into(),
-                }]
-            };
-            let asked_note = if asked > 0 && asked != restore_to.0 {
-                format!(
-                    "; the {asked} asked for is not recorded (annotate {SAVED_REPLICAS_ANNOTATION} to change it)"
-                )
-            } else {
-                String::new()
-            };
-            PinVerdict::Pin {
-                warning: format!(
-                    "MoveWindow \"{}\" pins Deployment {what} to 0 replicas; it will be restored to {restore_to}{note} when the window closes{asked_note}",
-                    w.name
-                ),
-                window: w.name.clone(),
-                ops,
-                restore_to,
-                reason: "pinned-scale",
+            let selected = labels.and_then(|l| view.open.iter().find(|w| w.selector.matches(l)));
+            match selected {
+                Some(w) => pin_scale(w, &what, object, annotations),
+                None => refuse_if_could_be_pinned(req, view, labels, parent_doubt, &what)
+                    .unwrap_or(PinVerdict::Allow(if labels.is_some() {
+                        "not-selected"
+                    } else {
+                        "parent-unknown-not-pinned"
+                    })),
             }
         }
+    }
+}
+
+/// A refusal when a window handoff cannot see, or cannot evaluate, could select this
+/// Deployment: by the Cluster API default or a last known selector (when its labels are
+/// known), or by a window's list of pinned Deployments (when the windows or the labels are in
+/// doubt). `None`: nothing could select it, so it passes.
+fn refuse_if_could_be_pinned(
+    req: &PinRequest<'_>,
+    view: &WindowView<'_>,
+    labels: Option<Option<&BTreeMap<String, String>>>,
+    parent_doubt: Option<&str>,
+    what: &str,
+) -> Option<PinVerdict> {
+    if let (Some(d), Some(labels)) = (view.doubt, labels)
+        && let Some(w) = d.could_select.iter().find(|w| w.selector.matches(labels))
+    {
+        return Some(PinVerdict::Deny {
+            reason: d.reason,
+            message: format!(
+                "{}; Deployment {what} matches {}, so handoff cannot tell whether it must stay at 0 replicas and refuses the write until it can (retry in a moment)",
+                d.why, w.name
+            ),
+        });
+    }
+    let why = match (view.doubt, parent_doubt) {
+        (Some(d), _) => (d.reason, d.why.to_string()),
+        (None, Some(w)) => (
+            "state-unavailable",
+            format!("handoff cannot read its labels now ({w})"),
+        ),
+        (None, None) => return None,
+    };
+    let p = view
+        .pinned
+        .iter()
+        .find(|p| p.namespace == req.namespace && p.name == req.name)?;
+    Some(PinVerdict::Deny {
+        reason: why.0,
+        message: format!(
+            "MoveWindow \"{}\" lists Deployment {what} as pinned, and {}; the write is refused rather than risk starting a controller mid-move (retry in a moment)",
+            p.window, why.1
+        ),
+    })
+}
+
+fn pin_deployment(
+    w: &OpenWindow,
+    what: &str,
+    object: &ObjectView,
+    old_object: Option<&ObjectView>,
+) -> PinVerdict {
+    let asked = object.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    if asked < 0 {
+        // Mutation runs before validation: pinning would turn an invalid write into a
+        // valid one. Leave it for the API server to reject.
+        return PinVerdict::Allow("invalid-replicas");
+    }
+    let present = object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SAVED_REPLICAS_ANNOTATION));
+    // `Some` = the count to keep; `None` = leave an unreadable annotation alone, for
+    // `handoff window close` to report (it restores such a Deployment to 1).
+    let saved = if asked == 0 {
+        // Asking for 0 while pinned is what every pinned write looks like; the count
+        // to restore stays, even when the client dropped the annotation.
+        let readable = SavedReplicas::from_annotations(object.metadata.annotations.as_ref())
+            .or_else(|| {
+                old_object
+                    .and_then(|o| SavedReplicas::from_annotations(o.metadata.annotations.as_ref()))
+            });
+        match (readable, present) {
+            (Some(s), _) => Some(s),
+            (None, Some(_)) => None,
+            (None, None) => Some(SavedReplicas(0)),
+        }
+    } else {
+        Some(SavedReplicas(asked))
+    };
+    let mut ops = Vec::with_capacity(2);
+    match object.spec.as_ref() {
+        None => ops.push(PatchOp::Add {
+            path: "/spec".into(),
+            value: serde_json::json!({ "replicas": 0 }),
+        }),
+        Some(s) if s.replicas != Some(0) => ops.push(PatchOp::Add {
+            path: "/spec/replicas".into(),
+            value: 0.into(),
+        }),
+        Some(_) => {}
+    }
+    let Some(saved) = saved else {
+        return PinVerdict::Pin {
+            warning: format!(
+                "MoveWindow \"{}\" pins Deployment {what} to 0 replicas; its {SAVED_REPLICAS_ANNOTATION} annotation {:?} is unreadable, so it will be restored to 1 when the window closes unless you set it",
+                w.name,
+                present.map(String::as_str).unwrap_or_default()
+            ),
+            window: w.name.clone(),
+            ops,
+            restore_to: SavedReplicas(1),
+            reason: "pinned-unreadable-count",
+        };
+    };
+    let saved_text = saved.to_string();
+    match object.metadata.annotations.as_ref() {
+        None => ops.push(PatchOp::Add {
+            path: "/metadata/annotations".into(),
+            value: serde_json::json!({ SAVED_REPLICAS_ANNOTATION: saved_text }),
+        }),
+        Some(a) if a.get(SAVED_REPLICAS_ANNOTATION) != Some(&saved_text) => {
+            ops.push(PatchOp::Add {
+                path: pointer(&["metadata", "annotations", SAVED_REPLICAS_ANNOTATION]),
+                value: saved_text.into(),
+            })
+        }
+        Some(_) => {}
+    }
+    PinVerdict::Pin {
+        warning: format!(
+            "MoveWindow \"{}\" pins Deployment {what} to 0 replicas; it will be restored to {saved} when the window closes",
+            w.name
+        ),
+        window: w.name.clone(),
+        ops,
+        restore_to: saved,
+        reason: "pinned",
+    }
+}
+
+fn pin_scale(
+    w: &OpenWindow,
+    what: &str,
+    object: &ObjectView,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> PinVerdict {
+    let asked = object.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+    if asked < 0 {
+        return PinVerdict::Allow("invalid-replicas");
+    }
+    let (restore_to, note) = match SavedReplicas::from_annotations(annotations) {
+        Some(s) => (s, String::new()),
+        None => (
+            SavedReplicas(1),
+            " (it carries no readable saved count, so 1)".to_string(),
+        ),
+    };
+    let ops = if asked == 0 {
+        vec![]
+    } else {
+        vec![PatchOp::Add {
+            path: "/spec/replicas".into(),
+            value: 0.into(),
+        }]
+    };
+    let asked_note = if asked > 0 && asked != restore_to.0 {
+        format!(
+            "; the {asked} asked for is not recorded (annotate {SAVED_REPLICAS_ANNOTATION} to change it)"
+        )
+    } else {
+        String::new()
+    };
+    PinVerdict::Pin {
+        warning: format!(
+            "MoveWindow \"{}\" pins Deployment {what} to 0 replicas; it will be restored to {restore_to}{note} when the window closes{asked_note}",
+            w.name
+        ),
+        window: w.name.clone(),
+        ops,
+        restore_to,
+        reason: "pinned-scale",
     }
 }
 
@@ -446,7 +552,7 @@ mod tests {
                     old_object: old.as_ref(),
                 },
             };
-            let v = decide(&req, &windows(), &own());
+            let v = decide(&req, &WindowView::known(&windows()), &own());
             match (&v, want) {
                 (
                     PinVerdict::Pin {
@@ -483,7 +589,7 @@ mod tests {
                             },
                             ..req
                         },
-                        &windows(),
+                        &WindowView::known(&windows()),
                         &own(),
                     );
                     let PinVerdict::Pin {
@@ -512,7 +618,8 @@ mod tests {
                 old_object: None,
             },
         };
-        let PinVerdict::Pin { ops, .. } = decide(&req, &windows(), &own()) else {
+        let PinVerdict::Pin { ops, .. } = decide(&req, &WindowView::known(&windows()), &own())
+        else {
             panic!()
         };
         assert_eq!(
@@ -531,7 +638,8 @@ mod tests {
             },
             ..req
         };
-        let PinVerdict::Pin { ops, .. } = decide(&req, &windows(), &own()) else {
+        let PinVerdict::Pin { ops, .. } = decide(&req, &WindowView::known(&windows()), &own())
+        else {
             panic!()
         };
         assert_eq!(
@@ -552,7 +660,7 @@ mod tests {
             },
         };
         assert_eq!(
-            decide(&req, &[], &own()),
+            decide(&req, &WindowView::known(&[]), &own()),
             PinVerdict::Allow("no-open-window")
         );
         let mine = PinRequest {
@@ -561,7 +669,7 @@ mod tests {
             ..req
         };
         assert_eq!(
-            decide(&mine, &windows(), &own()),
+            decide(&mine, &WindowView::known(&windows()), &own()),
             PinVerdict::Allow("own-deployment")
         );
     }
@@ -595,6 +703,7 @@ mod tests {
                 ParentDeployment::Known {
                     labels: Some(&labels),
                     annotations: Some(&saved),
+                    stale: None,
                 },
                 Ok((3, 1)),
             ),
@@ -604,6 +713,7 @@ mod tests {
                 ParentDeployment::Known {
                     labels: Some(&labels),
                     annotations: Some(&saved),
+                    stale: None,
                 },
                 Ok((3, 0)),
             ),
@@ -613,6 +723,7 @@ mod tests {
                 ParentDeployment::Known {
                     labels: Some(&labels),
                     annotations: None,
+                    stale: None,
                 },
                 Ok((1, 1)),
             ),
@@ -622,6 +733,7 @@ mod tests {
                 ParentDeployment::Known {
                     labels: None,
                     annotations: None,
+                    stale: None,
                 },
                 Err("not-selected"),
             ),
@@ -632,10 +744,10 @@ mod tests {
                 Err("no-such-deployment"),
             ),
             (
-                "unreadable parent is refused",
+                "unreadable parent that no window lists as pinned passes",
                 &s5,
                 ParentDeployment::Unavailable("timeout"),
-                Err("state-unavailable"),
+                Err("parent-unknown-not-pinned"),
             ),
         ];
         for (name, obj, parent, want) in cases {
@@ -647,7 +759,7 @@ mod tests {
                     parent,
                 },
             };
-            let v = decide(&req, &windows(), &own());
+            let v = decide(&req, &WindowView::known(&windows()), &own());
             match (&v, want) {
                 (
                     PinVerdict::Pin {
@@ -672,6 +784,271 @@ mod tests {
         }
     }
 
+    /// The pin under unknown state (DESIGN §1.3): only what a window could select is refused.
+    #[test]
+    fn unknown_state_table() {
+        let capi = capi_labels();
+        let app: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
+        let special: BTreeMap<String, String> = [("app".to_string(), "special".to_string())].into();
+        let selector = |s: &str| {
+            Selector::from_label_selector(
+                &crate::policy::selector::parse_label_selector(s).unwrap(),
+            )
+            .unwrap()
+        };
+        let default = || OpenWindow {
+            name: "the Cluster API default selector".into(),
+            selector: Selector::from_label_selector(&default_deployment_selector()).unwrap(),
+        };
+        let last_known = OpenWindow {
+            name: "the last known selector of MoveWindow \"custom\"".into(),
+            selector: selector("app=special"),
+        };
+        let listed = |window: &str, ns: &str, name: &str| PinnedRef {
+            window: window.into(),
+            namespace: ns.into(),
+            name: name.into(),
+        };
+        let unread_sel = [default()];
+        let stale_sel = [default(), last_known];
+        let open = windows();
+        let unread = WindowView {
+            open: &[],
+            pinned: &[],
+            doubt: Some(Doubt {
+                reason: "state-unavailable",
+                why: "handoff has not yet read the MoveWindows",
+                could_select: &unread_sel,
+            }),
+        };
+        let stale_pinned = [listed("custom", "shop", "web")];
+        let stale = WindowView {
+            open: &[],
+            pinned: &stale_pinned,
+            doubt: Some(Doubt {
+                reason: "state-unavailable",
+                why: "the MoveWindow watch has been failing for 45s",
+                could_select: &stale_sel,
+            }),
+        };
+        let invalid_pinned = [listed("broken", "shop", "web")];
+        let invalid = WindowView {
+            open: &[],
+            pinned: &invalid_pinned,
+            doubt: Some(Doubt {
+                reason: "invalid-window",
+                why: "MoveWindow \"broken\" is open but its spec.deploymentSelector is invalid",
+                could_select: &unread_sel,
+            }),
+        };
+        let open_pinned = [listed("capi-move", "shop", "web")];
+        let trusted = WindowView {
+            open: &open,
+            pinned: &open_pinned,
+            doubt: None,
+        };
+        let trusted_and_invalid = WindowView {
+            open: &open,
+            pinned: &invalid_pinned,
+            doubt: invalid.doubt,
+        };
+        let scale = ObjectView {
+            spec: Some(SpecView { replicas: Some(3) }),
+            ..ObjectView::default()
+        };
+        let write = |labels: &BTreeMap<String, String>| ObjectView {
+            metadata: ObjectMetaView {
+                labels: Some(labels.clone()),
+                ..ObjectMetaView::default()
+            },
+            spec: Some(SpecView { replicas: Some(3) }),
+            ..ObjectView::default()
+        };
+        let (w_capi, w_app, w_special) = (write(&capi), write(&app), write(&special));
+        let known = |l| ParentDeployment::Known {
+            labels: Some(l),
+            annotations: None,
+            stale: None,
+        };
+        let cached = |l| ParentDeployment::Known {
+            labels: Some(l),
+            annotations: None,
+            stale: Some("the Deployment watch has been failing for 45s"),
+        };
+        let gone = ParentDeployment::Unavailable("the API server did not answer within 3s");
+        let dep = |o| PinTarget::Deployment {
+            object: o,
+            old_object: None,
+        };
+        let sc = |parent| PinTarget::Scale {
+            object: &scale,
+            parent,
+        };
+        // (case, view, namespace/name, target, want: "pin" or an allow/deny reason)
+        let rows: Vec<(&str, &WindowView, (&str, &str), PinTarget, &str)> = vec![
+            (
+                "unread: a CAPI controller's update is refused",
+                &unread,
+                ("capi-system", "capi"),
+                dep(&w_capi),
+                "deny:state-unavailable",
+            ),
+            (
+                "unread: an app's update passes",
+                &unread,
+                ("shop", "web"),
+                dep(&w_app),
+                "not-selected",
+            ),
+            (
+                "unread: an app's scale-up passes",
+                &unread,
+                ("shop", "web"),
+                sc(known(&app)),
+                "not-selected",
+            ),
+            (
+                "unread: a CAPI controller's scale-up is refused",
+                &unread,
+                ("capi-system", "capi"),
+                sc(known(&capi)),
+                "deny:state-unavailable",
+            ),
+            (
+                "unread: a scale-up of an unknown parent passes",
+                &unread,
+                ("shop", "web"),
+                sc(gone),
+                "parent-unknown-not-pinned",
+            ),
+            (
+                "stale: a last known selector still refuses",
+                &stale,
+                ("shop", "special"),
+                dep(&w_special),
+                "deny:state-unavailable",
+            ),
+            (
+                "stale: a scale of a listed Deployment is refused",
+                &stale,
+                ("shop", "web"),
+                sc(gone),
+                "deny:state-unavailable",
+            ),
+            (
+                "stale: a scale of an unlisted unknown parent passes",
+                &stale,
+                ("shop", "other"),
+                sc(gone),
+                "parent-unknown-not-pinned",
+            ),
+            (
+                "stale: an app's scale-up passes",
+                &stale,
+                ("shop", "other"),
+                sc(known(&app)),
+                "not-selected",
+            ),
+            (
+                "invalid: a Deployment it lists is refused",
+                &invalid,
+                ("shop", "web"),
+                dep(&w_app),
+                "deny:invalid-window",
+            ),
+            (
+                "invalid: a CAPI controller is refused",
+                &invalid,
+                ("capi-system", "capi"),
+                dep(&w_capi),
+                "deny:invalid-window",
+            ),
+            (
+                "invalid: an unlisted app's scale-up passes",
+                &invalid,
+                ("shop", "other"),
+                sc(known(&app)),
+                "not-selected",
+            ),
+            (
+                "open: a listed Deployment whose parent cannot be read is refused",
+                &trusted,
+                ("shop", "web"),
+                sc(gone),
+                "deny:state-unavailable",
+            ),
+            (
+                "open: an unlisted unknown parent passes",
+                &trusted,
+                ("shop", "other"),
+                sc(gone),
+                "parent-unknown-not-pinned",
+            ),
+            (
+                "open: a selected parent from a stale cache is still pinned",
+                &trusted,
+                ("capi-system", "capi"),
+                sc(cached(&capi)),
+                "pin",
+            ),
+            (
+                "open: an unlisted app from a stale cache passes",
+                &trusted,
+                ("shop", "other"),
+                sc(cached(&app)),
+                "not-selected",
+            ),
+            (
+                "open: a listed app from a stale cache is refused",
+                &trusted,
+                ("shop", "web"),
+                sc(cached(&app)),
+                "deny:state-unavailable",
+            ),
+            (
+                "open: a fresh app parent passes even if listed (labels decide)",
+                &trusted,
+                ("shop", "web"),
+                sc(known(&app)),
+                "not-selected",
+            ),
+            (
+                "a known window pins even while another is invalid",
+                &trusted_and_invalid,
+                ("capi-system", "capi"),
+                dep(&w_capi),
+                "pin",
+            ),
+            (
+                "own Deployment passes whatever is unknown",
+                &unread,
+                ("handoff-system", "handoff"),
+                dep(&w_capi),
+                "own-deployment",
+            ),
+        ];
+        for (case, view, (namespace, name), target, want) in rows {
+            let req = PinRequest {
+                namespace,
+                name,
+                target,
+            };
+            let got = match decide(&req, view, &own()) {
+                PinVerdict::Pin { .. } => "pin".to_string(),
+                PinVerdict::Allow(r) => r.to_string(),
+                PinVerdict::Deny { reason, message } => {
+                    assert!(
+                        message.contains(&format!("{namespace}/{name}"))
+                            && message.contains("retry"),
+                        "{case}: {message}"
+                    );
+                    format!("deny:{reason}")
+                }
+            };
+            assert_eq!(got, want, "{case}");
+        }
+    }
+
     #[test]
     fn negative_replicas_are_left_for_validation_to_reject() {
         let obj = deployment(Some(-3), None, true);
@@ -684,7 +1061,7 @@ mod tests {
             },
         };
         assert_eq!(
-            decide(&req, &windows(), &own()),
+            decide(&req, &WindowView::known(&windows()), &own()),
             PinVerdict::Allow("invalid-replicas")
         );
         let labels = capi_labels();
@@ -698,12 +1075,13 @@ mod tests {
                 parent: ParentDeployment::Known {
                     labels: Some(&labels),
                     annotations: None,
+                    stale: None,
                 },
             },
             ..req
         };
         assert_eq!(
-            decide(&req, &windows(), &own()),
+            decide(&req, &WindowView::known(&windows()), &own()),
             PinVerdict::Allow("invalid-replicas")
         );
     }

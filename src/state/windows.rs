@@ -4,25 +4,35 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::policy::move_window::{OpenWindow, SAVED_REPLICAS_ANNOTATION};
+use crate::policy::move_window::{OpenWindow, PinnedRef, SAVED_REPLICAS_ANNOTATION};
 use crate::window::resource::MoveWindow;
 
 /// What the cache keeps of one MoveWindow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Entry {
     Closed,
-    Open(OpenWindow),
+    Open(OpenWindow, Vec<PinnedRef>),
     /// Open, with a `deploymentSelector` that does not parse: the reason.
-    Invalid(String),
+    Invalid(String, Vec<PinnedRef>),
+}
+
+/// The windows as one request reads them: taken with one `Arc` clone, no lock held while
+/// deciding.
+#[derive(Debug, Default)]
+pub struct WindowSnapshot {
+    pub open: Vec<OpenWindow>,
+    /// Open windows whose selector cannot be evaluated, as messages.
+    pub invalid: Vec<String>,
+    /// The Deployments that open windows (valid or not) list as pinned in their status.
+    pub pinned: Vec<PinnedRef>,
 }
 
 /// Every MoveWindow by name; the open ones compiled for the pin.
 #[derive(Default)]
 pub struct WindowCache {
     all: RwLock<BTreeMap<String, Entry>>,
-    /// Rebuilt on every change so a request takes one `Arc` clone, no lock held while deciding.
-    open: RwLock<Arc<Vec<OpenWindow>>>,
-    invalid: RwLock<Arc<Vec<String>>>,
+    /// Rebuilt on every change.
+    snapshot: RwLock<Arc<WindowSnapshot>>,
     relist: RwLock<Option<BTreeMap<String, Entry>>>,
     synced: AtomicBool,
 }
@@ -32,40 +42,62 @@ fn compile(w: &MoveWindow) -> Entry {
     if !w.spec.is_open() {
         return Entry::Closed;
     }
+    let pinned = w
+        .status
+        .as_ref()
+        .map(|s| {
+            s.pinned
+                .iter()
+                .filter(|p| p.restored_at.is_none())
+                .map(|p| PinnedRef {
+                    window: name.clone(),
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     match w.spec.selector() {
-        Ok(selector) => Entry::Open(OpenWindow { name, selector }),
+        Ok(selector) => Entry::Open(OpenWindow { name, selector }, pinned),
         Err(e) => {
             tracing::error!(window = %name, error = %e, "open MoveWindow has an invalid deploymentSelector");
-            Entry::Invalid(format!("MoveWindow \"{name}\" is open but its spec.{e}"))
+            Entry::Invalid(
+                format!("MoveWindow \"{name}\" is open but its spec.{e}"),
+                pinned,
+            )
         }
     }
 }
 
 impl WindowCache {
-    pub fn open(&self) -> Arc<Vec<OpenWindow>> {
-        self.open.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Open windows whose selector cannot be evaluated, as messages.
-    pub fn invalid(&self) -> Arc<Vec<String>> {
-        self.invalid
+    pub fn snapshot(&self) -> Arc<WindowSnapshot> {
+        self.snapshot
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
+    /// The open windows whose selectors are read.
+    pub fn open(&self) -> Vec<OpenWindow> {
+        self.snapshot().open.clone()
+    }
+
     fn publish(&self, all: &BTreeMap<String, Entry>) {
-        let mut open = Vec::new();
-        let mut invalid = Vec::new();
+        let mut snap = WindowSnapshot::default();
         for e in all.values() {
             match e {
-                Entry::Open(w) => open.push(w.clone()),
-                Entry::Invalid(why) => invalid.push(why.clone()),
+                Entry::Open(w, pinned) => {
+                    snap.open.push(w.clone());
+                    snap.pinned.extend(pinned.iter().cloned());
+                }
+                Entry::Invalid(why, pinned) => {
+                    snap.invalid.push(why.clone());
+                    snap.pinned.extend(pinned.iter().cloned());
+                }
                 Entry::Closed => {}
             }
         }
-        *self.open.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(open);
-        *self.invalid.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(invalid);
+        *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snap);
     }
 
     pub fn upsert(&self, w: &MoveWindow) {
