@@ -147,6 +147,10 @@ struct StateArgs {
     /// decisions that need it deny).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
     stale_after: Duration,
+    /// How old the namespace view may be (time since the watch last delivered anything) before
+    /// a sync target's delete is allowed only after reading its namespace afresh.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    max_staleness: Duration,
     /// How long a cache-miss lookup may wait for the API server before the guard denies.
     #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = duration)]
     api_timeout: Duration,
@@ -425,6 +429,7 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
     let mut state = State::new(ids);
     state.api_timeout = args.api_timeout;
     state.stale_after = args.stale_after;
+    state.max_staleness = args.max_staleness;
     state.own = args.own_deployment.clone();
     state.client = Some(client.clone());
     Ok((state, Some(client)))

@@ -213,16 +213,41 @@ async fn decide_sync_finalizer(state: &State, req: &AdmissionRequest) -> Decisio
     let Some(delete) = DeleteRequest::from_review(req) else {
         return Decision::allow(req, sync_finalizer::AllowReason::NotDelete.as_str());
     };
-    let lookup = match delete.namespace_to_read(&state.ids) {
-        Some(ns) => state.namespace(ns).await,
-        None => NamespaceLookup::Plain,
+    let decide_on = |lookup: &NamespaceLookup| {
+        let ns_state = match lookup {
+            NamespaceLookup::Relevant(m) => NamespaceState::Known(m),
+            NamespaceLookup::Plain => NamespaceState::Plain,
+            NamespaceLookup::Unavailable(why) => NamespaceState::Unavailable(why),
+        };
+        sync_finalizer::decide(&delete, ns_state, &state.ids)
     };
-    let ns_state = match &lookup {
-        NamespaceLookup::Relevant(m) => NamespaceState::Known(m),
-        NamespaceLookup::Plain => NamespaceState::Plain,
-        NamespaceLookup::Unavailable(why) => NamespaceState::Unavailable(why),
+    // Only a sync target (or what looks like one) has a namespace to read; everyone else is
+    // decided without reading anything.
+    let Some(ns) = delete.namespace_to_read(&state.ids) else {
+        return verdict(req, decide_on(&NamespaceLookup::Plain));
     };
-    match sync_finalizer::decide(&delete, ns_state, &state.ids) {
+    let (lookup, fresh) = state.namespace(ns).await;
+    let first = decide_on(&lookup);
+    // Never allow a sync target's delete on a view that cannot be shown to be current
+    // (DESIGN §1.3): read the namespace now and decide on that.
+    let unproven = match first.is_allowed() && !fresh {
+        true => state.namespaces_unproven(),
+        false => None,
+    };
+    let Some(why) = unproven else {
+        return verdict(req, first);
+    };
+    let lookup = match state.read_namespace(ns).await {
+        NamespaceLookup::Unavailable(e) => {
+            NamespaceLookup::Unavailable(format!("{why}, and reading namespace {ns} failed: {e}"))
+        }
+        read => read,
+    };
+    verdict(req, decide_on(&lookup))
+}
+
+fn verdict(req: &AdmissionRequest, v: Verdict) -> Decision {
+    match v {
         v @ Verdict::Allow(_) => Decision::allow(req, v.reason()),
         Verdict::Deny { rule, message } => Decision::deny(req, rule.as_str(), message),
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::apiserver::{
-    ADMIN, ApiServer, HANDOFF_USER, Handoff, LOCATOR, NOBODY, SYNC_TARGET_KEY, SYNCER, eventually,
-    http_get, skip,
+    ADMIN, ApiServer, FreezingProxy, HANDOFF_USER, Handoff, LOCATOR, NOBODY, SYNC_TARGET_KEY,
+    SYNCER, eventually, http_get, skip,
 };
 
 const SAVED: &str = "handoff.dev/replicas-before-move";
@@ -574,5 +574,58 @@ fn a_crd_installed_after_start_up_is_picked_up() {
         replicas(&api, "late-capi", "capi-controller-manager"),
         (0, Some("1".into()))
     );
+    handoff.stop();
+}
+
+#[test]
+fn a_silently_dead_watch_never_lets_a_sync_target_delete_under_a_hold_it_missed() {
+    if skip() {
+        return;
+    }
+    let api = ApiServer::start();
+    let proxy = FreezingProxy::start(api.port);
+    let rbac = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base/rbac.yaml"),
+    )
+    .expect("rbac.yaml");
+    api.apply(&rbac);
+    api.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: test-syncers\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\nsubjects:\n- kind: User\n  name: {SYNCER}\n"
+    ));
+    // handoff reaches the API server only through the proxy.
+    let mut handoff = Handoff::start_with_kubeconfig(
+        &api.kubeconfig_at(HANDOFF_USER, &proxy.url()),
+        &["--max-staleness", "2s"],
+    );
+    api.apply(&handoff.rendered_local_overlay());
+    handoff.wait_ready();
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: quiet\n  annotations:\n    kcp.io/namespace-locator: '{LOCATOR}'\n"
+    ));
+    configmaps(&api, "quiet", &["x", "y"]);
+    let (ok, err) = as_syncer(&api, &["-n", "quiet", "delete", "configmap", "x"]);
+    assert!(ok, "no hold yet: {err}");
+
+    // The watch connection goes silent; the hold that follows never reaches handoff's cache.
+    proxy.freeze();
+    api.ok(
+        ADMIN,
+        &[
+            "annotate",
+            "namespace",
+            "quiet",
+            &format!("finalizers.workload.kcp.io/{SYNC_TARGET_KEY}=migrating"),
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let (ok, err) = as_syncer(&api, &["-n", "quiet", "delete", "configmap", "y"]);
+    assert!(
+        !ok,
+        "deleted under a hold that the dead watch never delivered"
+    );
+    assert!(err.contains("denied the request"), "{err}");
+    assert!(exists(&api, &["-n", "quiet", "configmap", "y"]));
+    // Nobody else waits for any of this.
+    api.ok(ADMIN, &["-n", "quiet", "delete", "configmap", "y"]);
     handoff.stop();
 }

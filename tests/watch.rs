@@ -130,7 +130,7 @@ async fn a_cache_miss_is_fetched_once_and_an_unreachable_api_fails_closed() {
             .count()
     };
     for _ in 0..3 {
-        match state.namespace("kcp-fresh").await {
+        match state.namespace("kcp-fresh").await.0 {
             handoff::state::NamespaceLookup::Relevant(m) => assert_eq!(m.finalizers.len(), 1),
             other => panic!("{other:?}"),
         }

@@ -17,6 +17,8 @@ use crate::state::windows::DeploymentMeta;
 use crate::state::{State, WatchHealth};
 use crate::window::resource::MoveWindow;
 
+const WATCH_TIMEOUT_SECS: u32 = 55;
+
 /// Run one watch until the process ends, handing every event to `on_event`.
 ///
 /// After an error the watch starts over with a fresh list (after a backoff, 0.5 s doubling to
@@ -29,7 +31,12 @@ where
 {
     let mut backoff = Duration::from_millis(500);
     loop {
-        let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
+        // The API server ends each watch after `WATCH_TIMEOUT_SECS`, and kube-runtime gives up on
+        // a connection that stays silent a little past that: a dead connection is replaced
+        // within about a minute instead of five (decisions never wait for that: see
+        // `State::namespace`).
+        let config = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+        let mut events = watcher::watcher(api.clone(), config).boxed();
         while let Some(ev) = events.next().await {
             match ev {
                 Ok(Event::InitDone) => {
@@ -62,12 +69,16 @@ pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
         )
     };
     let cache = &state.namespaces;
-    run(api, "namespaces", &state.health.namespaces, |ev| match ev {
-        Event::Init => cache.begin_relist(),
-        Event::InitApply(o) => cache.relist_apply(meta(&o)),
-        Event::InitDone => cache.end_relist(),
-        Event::Apply(o) => cache.upsert(meta(&o)),
-        Event::Delete(o) => cache.remove(o.metadata.name.as_deref().unwrap_or_default()),
+    run(api, "namespaces", &state.health.namespaces, |ev| {
+        match ev {
+            Event::Init => return cache.begin_relist(),
+            // Goes into the relist's buffer: it proves nothing of the view requests read.
+            Event::InitApply(o) => return cache.relist_apply(meta(&o)),
+            Event::InitDone => cache.end_relist(),
+            Event::Apply(o) => cache.upsert(meta(&o)),
+            Event::Delete(o) => cache.remove(o.metadata.name.as_deref().unwrap_or_default()),
+        }
+        cache.prove();
     })
     .await
 }

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
@@ -98,7 +99,19 @@ pub struct State {
     pub health: Health,
     /// How long a watch may fail before its cache counts as stale.
     pub stale_after: Duration,
+    /// How old a namespace view may be before a sync target's delete is allowed on it only
+    /// after a fresh read.
+    pub max_staleness: Duration,
+    /// Namespace reads in flight, one per name.
+    reads: std::sync::Mutex<std::collections::HashMap<Box<str>, NamespaceRead>>,
 }
+
+type NamespaceRead = futures::future::Shared<
+    futures::future::BoxFuture<
+        'static,
+        Result<Option<Option<std::collections::BTreeMap<String, String>>>, String>,
+    >,
+>;
 
 impl State {
     pub fn new(ids: Identities) -> Self {
@@ -115,6 +128,8 @@ impl State {
             api_timeout: Duration::from_secs(3),
             health: Health::default(),
             stale_after: Duration::from_secs(30),
+            max_staleness: Duration::from_secs(10),
+            reads: Default::default(),
         }
     }
 
@@ -201,33 +216,75 @@ impl State {
         Ok(state)
     }
 
-    /// The namespace as the guard needs it: from the cache, or asked of the API once.
-    pub async fn namespace(&self, name: &str) -> NamespaceLookup {
+    /// The namespace as the guard needs it: from the cache, or read from the API server on a
+    /// miss. The flag says whether the answer was read just now (fresh by definition).
+    pub async fn namespace(&self, name: &str) -> (NamespaceLookup, bool) {
         if let Some(why) = self.namespaces_stale() {
-            return NamespaceLookup::Unavailable(why);
+            return (NamespaceLookup::Unavailable(why), false);
         }
         match self.namespaces.get(name) {
-            CacheEntry::Relevant(m) => return NamespaceLookup::Relevant(m),
-            CacheEntry::Plain => return NamespaceLookup::Plain,
-            CacheEntry::Unknown => {}
+            CacheEntry::Relevant(m) => (NamespaceLookup::Relevant(m), false),
+            CacheEntry::Plain => (NamespaceLookup::Plain, false),
+            CacheEntry::Unknown => (self.read_namespace(name).await, true),
         }
+    }
+
+    /// Why the cached namespace view cannot be shown to be current, if it cannot: the watch
+    /// has delivered nothing for longer than `max_staleness` (a quiet cluster, or a watch
+    /// connection that died without a word). State from files is always current.
+    pub fn namespaces_unproven(&self) -> Option<String> {
+        self.client.as_ref()?;
+        match self.namespaces.proven_ago() {
+            Some(ago) if ago <= self.max_staleness => None,
+            Some(ago) => Some(format!(
+                "the namespace watch has delivered nothing for {}s (--max-staleness {}s)",
+                ago.as_secs(),
+                self.max_staleness.as_secs()
+            )),
+            None => Some("the namespace watch has not listed yet".to_string()),
+        }
+    }
+
+    /// Read one namespace from the API server now, with at most one read in flight per name
+    /// (concurrent requests wait for the same answer), bounded by `api_timeout`.
+    pub async fn read_namespace(&self, name: &str) -> NamespaceLookup {
         let Some(client) = self.client.clone() else {
             return NamespaceLookup::Plain;
         };
-        let api = kube::Api::<Namespace>::all(client);
-        match tokio::time::timeout(self.api_timeout, api.get_metadata_opt(name)).await {
-            Err(_) => NamespaceLookup::Unavailable(format!(
-                "the API server did not answer within {:?}",
-                self.api_timeout
-            )),
-            Ok(Err(e)) => NamespaceLookup::Unavailable(format!("the API server said: {e}")),
-            Ok(Ok(None)) => NamespaceLookup::Plain,
-            Ok(Ok(Some(ns))) => {
-                let meta = NamespaceMeta::from_annotations(
-                    name,
-                    ns.metadata.annotations.as_ref(),
-                    &self.ids,
-                );
+        let read = {
+            let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+            reads
+                .entry(name.into())
+                .or_insert_with(|| {
+                    let api = kube::Api::<Namespace>::all(client);
+                    let (name, timeout) = (name.to_string(), self.api_timeout);
+                    async move {
+                        match tokio::time::timeout(timeout, api.get_metadata_opt(&name)).await {
+                            Err(_) => {
+                                Err(format!("the API server did not answer within {timeout:?}"))
+                            }
+                            Ok(Err(e)) => Err(format!("the API server said: {e}")),
+                            Ok(Ok(ns)) => Ok(ns.map(|ns| ns.metadata.annotations)),
+                        }
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
+        };
+        let answer = read.clone().await;
+        {
+            // A finished read is history: the next request reads again.
+            let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+            if reads.get(name).is_some_and(|r| r.ptr_eq(&read)) {
+                reads.remove(name);
+            }
+        }
+        match answer {
+            Err(why) => NamespaceLookup::Unavailable(why),
+            Ok(None) => NamespaceLookup::Plain,
+            Ok(Some(annotations)) => {
+                let meta = NamespaceMeta::from_annotations(name, annotations.as_ref(), &self.ids);
                 // The watch may have delivered a newer view meanwhile: it wins.
                 self.namespaces.insert_if_absent(meta.clone());
                 if meta.is_interesting() {

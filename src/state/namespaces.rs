@@ -5,8 +5,9 @@
 //! namespaces it costs a few MiB, where a reflector store of whole `ObjectMeta`s costs tens.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, RwLock};
+use std::time::{Duration, Instant};
 
 use crate::policy::sync_finalizer::NamespaceMeta;
 
@@ -25,7 +26,12 @@ struct Inner {
 pub struct NamespaceCache {
     inner: RwLock<Inner>,
     synced: AtomicBool,
+    /// When the watch last proved itself current (an event arrived), in milliseconds after
+    /// `EPOCH` plus one; 0 = never.
+    proven: AtomicU64,
 }
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// What the cache knows of one namespace.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +48,25 @@ fn entry(meta: NamespaceMeta) -> Option<Arc<NamespaceMeta>> {
 }
 
 impl NamespaceCache {
+    /// The watch delivered something: the view is current as of now. A silently dead watch
+    /// connection looks exactly like a quiet cluster, so only this counts as proof.
+    pub fn prove(&self) {
+        let ms = EPOCH.elapsed().as_millis() as u64 + 1;
+        self.proven.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long ago the view was last proven current (`None`: never).
+    pub fn proven_ago(&self) -> Option<Duration> {
+        match self.proven.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(
+                EPOCH
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(ms - 1)),
+            ),
+        }
+    }
+
     pub fn get(&self, name: &str) -> CacheEntry {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         match inner.entries.get(name) {

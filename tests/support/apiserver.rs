@@ -16,8 +16,9 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use handoff::certs::Ca;
@@ -329,20 +330,32 @@ impl ApiServer {
 
     /// A kubeconfig for `user` (one of the token file's), written into the server's folder.
     pub fn kubeconfig(&self, user: &str) -> PathBuf {
+        self.kubeconfig_at(user, &self.url)
+    }
+
+    /// The same, reaching the API server at `url` (e.g. through a proxy).
+    pub fn kubeconfig_at(&self, user: &str, url: &str) -> PathBuf {
         let safe: String = user
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .collect();
-        let path = self.dir.path().join(format!("kubeconfig-{safe}"));
+        let file = match url == self.url {
+            true => format!("kubeconfig-{safe}"),
+            false => format!(
+                "kubeconfig-{safe}-{}",
+                url.rsplit(':').next().unwrap_or("proxy")
+            ),
+        };
+        let path = self.dir.path().join(&file);
         {
             use base64::Engine as _;
             let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
             let text = format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: envtest\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: {safe}\n  user:\n    token: {}\ncontexts:\n- name: envtest\n  context:\n    cluster: envtest\n    user: {safe}\n    namespace: default\ncurrent-context: envtest\n",
-                self.url,
+                url,
                 self.token(user)
             );
-            write(self.dir.path(), &format!("kubeconfig-{safe}"), &text);
+            write(self.dir.path(), &file, &text);
         }
         path
     }
@@ -492,6 +505,10 @@ pub struct Handoff {
 
 impl Handoff {
     pub fn start(api: &ApiServer, user: &str, extra: &[&str]) -> Handoff {
+        Self::start_with_kubeconfig(&api.kubeconfig(user), extra)
+    }
+
+    pub fn start_with_kubeconfig(kubeconfig: &Path, extra: &[&str]) -> Handoff {
         let dir = tempfile::Builder::new()
             .prefix("handoff-serve-")
             .tempdir()
@@ -521,7 +538,7 @@ impl Handoff {
             .arg("--tls-key")
             .arg(dir.path().join("tls.key"))
             .arg("--kubeconfig")
-            .arg(api.kubeconfig(user))
+            .arg(kubeconfig)
             .arg("--drain-delay")
             .arg("0s")
             .args(extra)
@@ -629,6 +646,80 @@ fn copy_tree(from: &Path, to: &Path) {
         } else {
             std::fs::copy(e.path(), &target).expect("copy");
         }
+    }
+}
+
+// ---- a connection that stops answering ----
+
+/// A TCP proxy to a loopback port whose connections can be made to go silent without closing:
+/// what a watch sees when a NAT entry, a load balancer or a node's network drops it.
+pub struct FreezingProxy {
+    pub port: u16,
+    opened: Arc<AtomicU64>,
+    frozen_before: Arc<AtomicU64>,
+}
+
+impl FreezingProxy {
+    pub fn start(target: u16) -> FreezingProxy {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("proxy listener");
+        let port = listener.local_addr().expect("addr").port();
+        let opened = Arc::new(AtomicU64::new(0));
+        let frozen_before = Arc::new(AtomicU64::new(0));
+        let (o, f) = (opened.clone(), frozen_before.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(upstream) = TcpStream::connect((Ipv4Addr::LOCALHOST, target)) else {
+                    continue;
+                };
+                let id = o.fetch_add(1, Ordering::SeqCst);
+                for (from, to) in [
+                    (client.try_clone(), upstream.try_clone()),
+                    (upstream.try_clone(), client.try_clone()),
+                ] {
+                    let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                        continue;
+                    };
+                    let f = f.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            match from.read(&mut buf) {
+                                Ok(0) | Err(_) => {
+                                    let _ = to.shutdown(std::net::Shutdown::Write);
+                                    return;
+                                }
+                                Ok(n) => {
+                                    if id < f.load(Ordering::SeqCst) {
+                                        // Frozen: swallow everything, close nothing.
+                                        continue;
+                                    }
+                                    if to.write_all(&buf[..n]).is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        FreezingProxy {
+            port,
+            opened,
+            frozen_before,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// Every connection opened so far stops forwarding, in both directions, and stays open.
+    /// New connections work.
+    pub fn freeze(&self) {
+        self.frozen_before
+            .store(self.opened.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 }
 
