@@ -268,6 +268,77 @@ async fn a_slow_decision_is_answered_within_the_api_servers_timeout() {
     server.stop().await;
 }
 
+/// The wait for a slot counts against the API server's timeout: a request whose deadline
+/// comes before `--queue-timeout` is answered by its deadline, not left queued past it.
+#[tokio::test]
+async fn the_wait_for_a_slot_is_part_of_the_deadline() {
+    let opts = Options {
+        limits: Limits {
+            max_concurrency: 1,
+            queue_timeout: Duration::from_secs(30),
+            ..Limits::default()
+        },
+        ..Options::default()
+    };
+    let server = TestServer::start_with(Arc::new(stuck_state().await), opts).await;
+    let mut slow = server.connect(Proto::H2).await;
+    let first = tokio::spawn(async move {
+        slow.review(&format!("{GUARD}?timeout=10s"), stuck_review())
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut c = server.connect(Proto::H1).await;
+    let started = std::time::Instant::now();
+    let r = c
+        .review(
+            &format!("{GUARD}?timeout=1s"),
+            fixture("delete-secret-by-admin.json"),
+        )
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("within 800ms"), "{}", r.text());
+    // Far below the 30 s queue timeout: the 1 s the API server allows was what counted.
+    assert!(started.elapsed() < Duration::from_secs(10));
+    first.abort();
+    server.stop().await;
+}
+
+/// Over h2 a body past the limit still gets the 413 and its message, however long the client
+/// keeps sending (curl reported a stream reset, exit 92, before the body was drained).
+#[tokio::test]
+async fn an_oversized_body_over_h2_gets_a_413_not_a_reset() {
+    let server = TestServer::start(fixture_state()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.json");
+    std::fs::write(&big, vec![b' '; 64 * 1024 * 1024]).unwrap();
+    let ca = dir.path().join("ca.crt");
+    std::fs::write(&ca, &server.ca.cert_pem).unwrap();
+    let url = format!("https://localhost:{}{GUARD}", server.addr.port());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl")
+            .args(["-sS", "--http2", "--cacert"])
+            .arg(&ca)
+            .args(["-H", "Content-Type: application/json", "--data-binary"])
+            .arg(format!("@{}", big.display()))
+            .args(["-w", "\n%{http_code} %{http_version}"])
+            .arg(url)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("curl (the h2 client here that keeps sending)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "curl: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.ends_with("413 2"), "{text}");
+    assert!(text.contains("exceeds the 8388608-byte limit"), "{text}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn saturation_sheds_waiting_requests_with_503() {
     let opts = Options {

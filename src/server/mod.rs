@@ -120,11 +120,11 @@ pub fn webhook_routes() -> Router<App> {
     Router::new()
         .route(
             "/validate/sync-finalizer",
-            post(|s, u, h, b| admit(s, Webhook::SyncFinalizer, u, h, b)),
+            post(|s, d, u, h, b| admit(s, Webhook::SyncFinalizer, d, u, h, b)),
         )
         .route(
             "/mutate/move-window",
-            post(|s, u, h, b| admit(s, Webhook::MoveWindow, u, h, b)),
+            post(|s, d, u, h, b| admit(s, Webhook::MoveWindow, d, u, h, b)),
         )
 }
 
@@ -193,12 +193,32 @@ pub fn health_router() -> Router<App> {
         )
 }
 
-async fn limit_concurrency(AxState(app): AxState<App>, req: Request, next: Next) -> Response {
-    let permit = match tokio::time::timeout(
-        app.limits.queue_timeout,
-        app.slots.clone().acquire_owned(),
-    )
-    .await
+/// When the answer must be out: 80% of the `?timeout=` the API server sent, counted from the
+/// moment the request arrived, so that the wait for a slot, the body and the decision all fit
+/// in the time the API server gives us.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: tokio::time::Instant,
+    budget: Duration,
+}
+
+impl Deadline {
+    fn of(uri: &Uri, limits: &Limits) -> Self {
+        let budget = request_timeout(uri.query(), limits.default_timeout) * 4 / 5;
+        Deadline {
+            at: tokio::time::Instant::now() + budget,
+            budget,
+        }
+    }
+}
+
+async fn limit_concurrency(AxState(app): AxState<App>, mut req: Request, next: Next) -> Response {
+    let deadline = Deadline::of(req.uri(), &app.limits);
+    req.extensions_mut().insert(deadline);
+    let wait_until = deadline
+        .at
+        .min(tokio::time::Instant::now() + app.limits.queue_timeout);
+    let permit = match tokio::time::timeout_at(wait_until, app.slots.clone().acquire_owned()).await
     {
         Ok(Ok(p)) => p,
         _ => {
@@ -206,8 +226,9 @@ async fn limit_concurrency(AxState(app): AxState<App>, req: Request, next: Next)
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
-                    "handoff is saturated: {} requests in flight and none finished within {:?}; retry\n",
-                    app.limits.max_concurrency, app.limits.queue_timeout
+                    "handoff is saturated: {} requests in flight and none finished within {:?} (--queue-timeout, or the request's own deadline if sooner); retry\n",
+                    app.limits.max_concurrency,
+                    app.limits.queue_timeout.min(deadline.budget)
                 ),
             )
                 .into_response();
@@ -285,6 +306,52 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
     Some(total)
 }
 
+enum BodyError {
+    Timeout,
+    TooLarge,
+    Read(axum::Error),
+}
+
+/// Past the limit, how much more of a body is read and thrown away before answering 413.
+const DRAIN_FACTOR: usize = 16;
+
+/// The body, up to `limit` bytes, by `deadline`. A larger body is read to its end (up to
+/// `DRAIN_FACTOR` times the limit, within the deadline) and discarded before the 413 goes out:
+/// over h2, answering while the client still sends ends in a stream reset that clients report
+/// as a transport error (curl: exit 92) instead of the 413 and its message.
+async fn read_body(
+    body: Body,
+    limit: usize,
+    deadline: tokio::time::Instant,
+) -> Result<bytes::Bytes, BodyError> {
+    use http_body_util::BodyExt as _;
+    let mut body = body;
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) if seen > limit => return Err(BodyError::TooLarge),
+            Err(_) => return Err(BodyError::Timeout),
+            Ok(None) if seen > limit => return Err(BodyError::TooLarge),
+            Ok(None) => return Ok(buf.freeze()),
+            Ok(Some(Err(e))) => return Err(BodyError::Read(e)),
+            Ok(Some(Ok(f))) => f,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen = seen.saturating_add(data.len());
+        if seen <= limit {
+            buf.extend_from_slice(&data);
+        } else {
+            buf = bytes::BytesMut::new();
+            if seen > limit.saturating_mul(DRAIN_FACTOR) {
+                return Err(BodyError::TooLarge);
+            }
+        }
+    }
+}
+
 fn plain(code: StatusCode, message: String) -> Response {
     (
         code,
@@ -297,12 +364,14 @@ fn plain(code: StatusCode, message: String) -> Response {
 async fn admit(
     AxState(app): AxState<App>,
     webhook: Webhook,
+    deadline: Option<axum::Extension<Deadline>>,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    let (resp, op, verdict) = admit_inner(&app, webhook, &uri, &headers, body).await;
+    let (resp, op, verdict) =
+        admit_inner(&app, webhook, deadline.map(|d| d.0), &uri, &headers, body).await;
     let code = resp.status().as_u16();
     app.metrics
         .requests
@@ -325,6 +394,7 @@ async fn admit(
 async fn admit_inner(
     app: &App,
     webhook: Webhook,
+    deadline: Option<Deadline>,
     uri: &Uri,
     headers: &HeaderMap,
     body: Body,
@@ -348,31 +418,30 @@ async fn admit_inner(
     // One deadline for reading the body and deciding: answer before the API server gives up
     // on us, with a verdict rather than a timeout, so the outcome is ours and not the
     // failurePolicy's; and a client that trickles its body cannot hold a slot for longer.
-    let budget = request_timeout(uri.query(), app.limits.default_timeout) * 4 / 5;
-    let deadline = tokio::time::Instant::now() + budget;
+    let Deadline {
+        at: deadline,
+        budget,
+    } = deadline.unwrap_or_else(|| Deadline::of(uri, &app.limits));
     let limit = app.limits.body_limit;
-    let bytes = match tokio::time::timeout_at(deadline, axum::body::to_bytes(body, limit)).await {
-        Err(_) => {
+    let bytes = match read_body(body, limit, deadline).await {
+        Ok(b) => b,
+        Err(BodyError::Timeout) => {
             return bad(
                 StatusCode::REQUEST_TIMEOUT,
                 format!("the request body did not arrive within {budget:?}"),
             );
         }
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) => {
-            let too_big = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            return if too_big {
-                bad(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("AdmissionReview body exceeds the {limit}-byte limit"),
-                )
-            } else {
-                bad(
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot read request body: {e}"),
-                )
-            };
+        Err(BodyError::TooLarge) => {
+            return bad(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("AdmissionReview body exceeds the {limit}-byte limit"),
+            );
+        }
+        Err(BodyError::Read(e)) => {
+            return bad(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read request body: {e}"),
+            );
         }
     };
     let req = match admission::decode_review(&bytes) {
