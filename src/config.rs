@@ -156,3 +156,67 @@ mod tests {
         assert!(ConfigFile::parse("").is_ok());
     }
 }
+
+/// Whether the base manifests' matchCondition `kcp-syncers-only` lets the API server send this
+/// user's deletes to handoff: the same test as its CEL expression, which reads
+/// `request.userInfo.username.startsWith('system:serviceaccount:') &&
+/// size(username.split(':')) == 4 && username.split(':')[3].startsWith('kcp-syncer-')`.
+pub fn match_condition_sends(username: &str) -> bool {
+    let parts: Vec<&str> = username.split(':').collect();
+    username.starts_with("system:serviceaccount:")
+        && parts.len() == 4
+        && parts[3].starts_with("kcp-syncer-")
+}
+
+impl ConfigFile {
+    /// The configured usernames whose deletes the manifests' matchCondition never sends to
+    /// handoff: without an addition to it, their holds are never enforced.
+    pub fn usernames_the_webhook_never_sees(&self) -> Vec<&str> {
+        self.sync_targets
+            .iter()
+            .map(|t| t.username.as_str())
+            .filter(|u| !match_condition_sends(u))
+            .collect()
+    }
+}
+
+/// The matchCondition expression to append for `usernames`, as the README shows it.
+pub fn match_condition_addition(usernames: &[&str]) -> String {
+    let quoted: Vec<String> = usernames
+        .iter()
+        .map(|u| format!("'{}'", u.replace('\\', "\\\\").replace('\'', "\\'")))
+        .collect();
+    format!("|| request.userInfo.username in [{}]", quoted.join(", "))
+}
+
+#[cfg(test)]
+mod match_condition_tests {
+    use super::*;
+
+    #[test]
+    fn mirrors_the_manifests_cel() {
+        for (user, sent) in [
+            (
+                "system:serviceaccount:kcp-syncer-us-west1-1nuzj7pw:kcp-syncer-us-west1-1nuzj7pw",
+                true,
+            ),
+            ("system:serviceaccount:edge:kcp-syncer-x", true),
+            ("system:serviceaccount:edge:syncer", false),
+            ("system:serviceaccount:a:b:kcp-syncer-x", false),
+            ("kcp-syncer-x", false),
+            ("legacy-syncer", false),
+        ] {
+            assert_eq!(match_condition_sends(user), sent, "{user}");
+        }
+        let cfg = ConfigFile::parse(
+            "syncTargets:\n- username: system:serviceaccount:edge:syncer\n  key: K\n- username: system:serviceaccount:edge:kcp-syncer-a\n  key: K\n- username: o'brien\n  key: K\n",
+        )
+        .unwrap();
+        let missing = cfg.usernames_the_webhook_never_sees();
+        assert_eq!(missing, ["system:serviceaccount:edge:syncer", "o'brien"]);
+        assert_eq!(
+            match_condition_addition(&missing),
+            r"|| request.userInfo.username in ['system:serviceaccount:edge:syncer', 'o\'brien']"
+        );
+    }
+}

@@ -6,6 +6,7 @@ pub mod certs;
 pub mod config;
 pub mod logfmt;
 pub mod policy;
+pub mod resources;
 pub mod server;
 pub mod state;
 pub mod webhook;

@@ -276,7 +276,7 @@ fn main() -> std::process::ExitCode {
             Command::Certs(a) => certs_cmd(a),
             Command::Window(a) => window(a).await,
             Command::Crd => {
-                print!("{}", handoff::window::resource::crd_yaml());
+                print!("{}", handoff::resources::move_window::crd_yaml());
                 Ok(())
             }
         }
@@ -337,8 +337,8 @@ struct KubeArgs {
 }
 
 async fn window(a: WindowArgs) -> anyhow::Result<()> {
+    use handoff::resources::move_window::MoveRole;
     use handoff::window::ops::{self, Cluster};
-    use handoff::window::resource::MoveRole;
     let clusters = match (&a.source, &a.target) {
         (Some(s), Some(t)) => vec![
             Cluster {
@@ -416,6 +416,14 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
     let ids = cfg
         .identities()
         .map_err(|e| anyhow::anyhow!("config: {e}"))?;
+    let unseen = cfg.usernames_the_webhook_never_sees();
+    if !unseen.is_empty() {
+        tracing::warn!(
+            usernames = ?unseen,
+            add = %handoff::config::match_condition_addition(&unseen),
+            "config: these sync-target usernames are not kcp-syncer ServiceAccounts, so the manifests' matchCondition kcp-syncers-only never sends their deletes to handoff and their holds are not enforced; append the expression in `add` to that matchCondition"
+        );
+    }
     if let Some(dir) = &args.state {
         let mut state =
             State::from_dir(dir, ids).with_context(|| format!("--state {}", dir.display()))?;
@@ -573,7 +581,18 @@ async fn review(a: ReviewArgs) -> anyhow::Result<()> {
     };
     let req = admission::decode_review(&body)?;
     let (state, client) = build_state(&a.state).await?;
-    drop(client);
+    if let Some(client) = client {
+        // What the server's watch would hold: without it the pin would decide as a replica
+        // that has not read the MoveWindows yet. Namespaces and a Scale's parent are read on
+        // demand, as the server reads a cache miss.
+        let api = kube::Api::<handoff::resources::move_window::MoveWindow>::all(client);
+        match api.list(&Default::default()).await {
+            Ok(list) => state.windows.replace_all(&list.items),
+            Err(e) => eprintln!(
+                "warning: cannot list MoveWindows ({e}); deciding as a server that has not read them yet"
+            ),
+        }
+    }
     let Some(hook) = a.webhook.or_else(|| Webhook::for_request(&req)) else {
         bail!(
             "no handoff webhook is registered for {} of {}; pass --webhook to force one",

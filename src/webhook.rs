@@ -257,7 +257,7 @@ fn verdict(req: &AdmissionRequest, v: Verdict) -> Decision {
 fn default_window() -> &'static OpenWindow {
     static DEFAULT: std::sync::LazyLock<OpenWindow> = std::sync::LazyLock::new(|| OpenWindow {
         name: "the Cluster API default selector".into(),
-        selector: crate::window::resource::MoveWindowSpec::default_selector(),
+        selector: crate::resources::move_window::MoveWindowSpec::default_selector(),
     });
     &DEFAULT
 }

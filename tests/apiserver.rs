@@ -284,6 +284,35 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
         (metric(handoff, "handoff_open_move_windows") == Some(1.0)).then_some(())
     });
 
+    // `handoff review` against the cluster gives the server's answer: a scale of the pinned
+    // controller (recorded request, moved to this test's namespace) is pinned, an app's is not.
+    let review = |ns: &str, name: &str| {
+        let mut v: Value =
+            serde_json::from_slice(&support::https::fixture("scale-deployment.json"))
+                .expect("fixture");
+        v["request"]["namespace"] = ns.into();
+        v["request"]["name"] = name.into();
+        v["request"]["object"]["metadata"]["namespace"] = ns.into();
+        v["request"]["object"]["metadata"]["name"] = name.into();
+        let file = handoff.dir.path().join(format!("review-{ns}-{name}.json"));
+        std::fs::write(&file, v.to_string()).expect("review file");
+        let out = handoff_cmd(api, &["review", file.to_str().expect("utf-8")]);
+        assert!(out.status.success(), "review: {}", text(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).expect("response json")["response"].clone()
+    };
+    let pinned = review("pin-capi", "capi-controller-manager");
+    assert_eq!(pinned["allowed"], true, "{pinned}");
+    assert_eq!(pinned["patchType"], "JSONPatch", "{pinned}");
+    assert!(
+        pinned["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("MoveWindow \"capi-move\" pins")),
+        "{pinned}"
+    );
+    let app = review("pin-app", "web");
+    assert_eq!(app["allowed"], true, "{app}");
+    assert!(app.get("patch").is_none(), "{app}");
+
     // A create of a selected Deployment: stored at 0, the asked-for count kept, and kubectl
     // prints the warning.
     let out = api.kubectl_stdin(

@@ -251,3 +251,31 @@ fn bad_flags_and_files_stop_start_up_naming_the_problem() {
         assert!(err.contains(want), "{args:?}: {want:?} not in {err}");
     }
 }
+
+#[test]
+fn a_configured_username_the_match_condition_never_sends_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        "syncTargets:\n- username: legacy-syncer\n  cluster: root:org:ws\n  name: us-west1\n- username: system:serviceaccount:edge:kcp-syncer-edge-1\n  key: 6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g\n",
+    )
+    .unwrap();
+    let (ok, _, err) = run(handoff()
+        .arg("review")
+        .arg(fixtures_dir().join("delete-secret-by-admin.json"))
+        .arg("--state")
+        .arg(fixtures_dir().join("state"))
+        .arg("--config")
+        .arg(&cfg));
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("matchCondition") && err.contains("legacy-syncer"),
+        "{err}"
+    );
+    assert!(
+        err.contains("|| request.userInfo.username in ['legacy-syncer']"),
+        "{err}"
+    );
+    assert!(!err.contains("kcp-syncer-edge-1"), "{err}");
+}

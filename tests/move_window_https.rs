@@ -5,9 +5,9 @@ mod support;
 
 use std::sync::Arc;
 
+use handoff::resources::move_window::{MoveWindow, MoveWindowSpec, WindowState};
 use handoff::state::State;
 use handoff::state::windows::DeploymentMeta;
-use handoff::window::resource::{MoveWindow, MoveWindowSpec, WindowState};
 use support::https::{BOTH, Options, TestServer, fixture, fixture_state};
 
 const PATH: &str = "/mutate/move-window?timeout=10s";

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use handoff::policy::move_window::OwnDeployment;
+use handoff::resources::move_window::MoveRole;
 use handoff::window::ops::{self, CloseOptions, Cluster, OpenOptions, WindowError};
-use handoff::window::resource::MoveRole;
 use serde_json::{Value, json};
 use support::fake_api::FakeApi;
 

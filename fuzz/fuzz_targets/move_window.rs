@@ -17,7 +17,7 @@ use handoff::policy::move_window::{
 };
 use handoff::policy::selector::Selector;
 use handoff::state::windows::DeploymentMeta;
-use handoff::window::resource::default_deployment_selector;
+use handoff::resources::move_window::default_deployment_selector;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

@@ -367,7 +367,7 @@ fn pin_scale(
 mod tests {
     use super::*;
     use crate::admission::{ObjectMetaView, SpecView};
-    use crate::window::resource::default_deployment_selector;
+    use crate::resources::move_window::default_deployment_selector;
 
     fn capi_labels() -> BTreeMap<String, String> {
         [

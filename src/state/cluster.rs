@@ -13,9 +13,9 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
 use crate::policy::sync_finalizer::NamespaceMeta;
+use crate::resources::move_window::MoveWindow;
 use crate::state::windows::DeploymentMeta;
 use crate::state::{State, WatchHealth};
-use crate::window::resource::MoveWindow;
 
 const WATCH_TIMEOUT_SECS: u32 = 55;
 

@@ -17,7 +17,7 @@ use kube::core::PartialObjectMeta;
 use crate::policy::identity::Identities;
 use crate::policy::move_window::OwnDeployment;
 use crate::policy::sync_finalizer::NamespaceMeta;
-use crate::window::resource::MoveWindow;
+use crate::resources::move_window::MoveWindow;
 use namespaces::{CacheEntry, NamespaceCache};
 use windows::{DeploymentCache, DeploymentMeta, WindowCache};
 

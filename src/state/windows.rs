@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::policy::move_window::{OpenWindow, PinnedRef, SAVED_REPLICAS_ANNOTATION};
-use crate::window::resource::MoveWindow;
+use crate::resources::move_window::MoveWindow;
 
 /// What the cache keeps of one MoveWindow.
 #[derive(Debug, Clone, PartialEq, Eq)]

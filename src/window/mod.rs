@@ -1,4 +1,3 @@
-//! Move windows: the MoveWindow resource and the `handoff window` commands.
+//! The `handoff window` commands.
 
 pub mod ops;
-pub mod resource;

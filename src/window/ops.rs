@@ -22,7 +22,7 @@ use serde_json::json;
 
 use crate::policy::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION, SavedReplicas};
 use crate::policy::selector::Selector;
-use crate::window::resource::{
+use crate::resources::move_window::{
     MoveRole, MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, WindowState,
 };
 
