@@ -885,7 +885,14 @@ mod tests {
             parent,
         };
         // (case, view, namespace/name, target, want: "pin" or an allow/deny reason)
-        let rows: Vec<(&str, &WindowView, (&str, &str), PinTarget, &str)> = vec![
+        type Row<'a> = (
+            &'a str,
+            &'a WindowView<'a>,
+            (&'a str, &'a str),
+            PinTarget<'a>,
+            &'a str,
+        );
+        let rows: Vec<Row> = vec![
             (
                 "unread: a CAPI controller's update is refused",
                 &unread,
