@@ -194,6 +194,15 @@ struct ServeArgs {
     /// On SIGTERM, how long in-flight requests may take to finish.
     #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = duration)]
     drain_timeout: Duration,
+    /// The webhooks to serve; each watches only what it reads, and readiness reflects only
+    /// their caches.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "sync-finalizer,move-window"
+    )]
+    webhooks: Vec<Webhook>,
     #[command(flatten)]
     state: StateArgs,
 }
@@ -473,7 +482,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     let store = Arc::new(CertStore::load(source)?);
     let tls = server::tls::server_config(store.clone(), a.client_ca.as_deref())?;
-    let (state, client) = build_state(&a.state).await?;
+    let (mut state, client) = build_state(&a.state).await?;
+    state.serving = handoff::state::Serving {
+        guard: a.webhooks.contains(&Webhook::SyncFinalizer),
+        pin: a.webhooks.contains(&Webhook::MoveWindow),
+    };
     let state = Arc::new(state);
     let metrics = Arc::new(Metrics::new());
     let limits = Limits {
@@ -516,6 +529,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         listen = %a.listen,
         metrics_listen = ?a.metrics_listen,
         state = ?a.state.state,
+        webhooks = ?a.webhooks.iter().map(|w| w.as_str()).collect::<Vec<_>>(),
         namespaces = state.namespaces.len(),
         "handoff serving"
     );

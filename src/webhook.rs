@@ -43,6 +43,15 @@ impl Webhook {
     }
 }
 
+impl State {
+    pub fn serves(&self, webhook: Webhook) -> bool {
+        match webhook {
+            Webhook::SyncFinalizer => self.serving.guard,
+            Webhook::MoveWindow => self.serving.pin,
+        }
+    }
+}
+
 /// A decision, ready to send and to log.
 #[derive(Debug, Clone)]
 pub struct Decision {

@@ -658,3 +658,38 @@ fn a_silently_dead_watch_never_lets_a_sync_target_delete_under_a_hold_it_missed(
     api.ok(ADMIN, &["-n", "quiet", "delete", "configmap", "y"]);
     handoff.stop();
 }
+
+#[test]
+fn a_guard_only_replica_needs_and_watches_nothing_of_the_pin() {
+    if skip() {
+        return;
+    }
+    let api = ApiServer::start();
+    // The guard's rights only: namespaces.
+    api.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: guard-only\nrules:\n- apiGroups: [\"\"]\n  resources: [namespaces]\n  verbs: [get, list, watch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: guard-only\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: guard-only\nsubjects:\n- kind: User\n  name: {NOBODY}\n"
+    ));
+    api.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: test-syncers\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\nsubjects:\n- kind: User\n  name: {SYNCER}\n"
+    ));
+    let mut guard = Handoff::start(&api, NOBODY, &["--webhooks", "sync-finalizer"]);
+    api.apply(&guard.rendered_local_overlay());
+    guard.wait_ready();
+    let log = guard.log();
+    assert!(
+        !log.contains("movewindows") && !log.contains("deployments"),
+        "a guard-only replica touched the pin's resources:\n{log}"
+    );
+    held_namespace(&api, "alone", SYNC_TARGET_KEY);
+    configmaps(&api, "alone", &["c"]);
+    assert_held(&api, &["-n", "alone", "delete", "configmap", "c"], "alone");
+    // Sent here by mistake, a scale is answered 404 (not decided), and the scale entry's
+    // failurePolicy Ignore lets an app's scale through.
+    api.apply(&app_deployment("alone", "web", 1));
+    api.ok(
+        ADMIN,
+        &["-n", "alone", "scale", "deployment", "web", "--replicas=2"],
+    );
+    assert_eq!(replicas(&api, "alone", "web"), (2, None));
+    guard.stop();
+}

@@ -309,3 +309,94 @@ async fn unsynced_windows_and_unreadable_selectors_fail_closed() {
     assert_eq!(r.json()["response"]["allowed"], true);
     server.stop().await;
 }
+
+/// The recorded `kubectl scale`, aimed at `namespace/name`.
+fn scale_of(namespace: &str, name: &str) -> Vec<u8> {
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&fixture("scale-deployment.json")).unwrap();
+    v["request"]["namespace"] = namespace.into();
+    v["request"]["name"] = name.into();
+    v["request"]["object"]["metadata"]["namespace"] = namespace.into();
+    v["request"]["object"]["metadata"]["name"] = name.into();
+    serde_json::to_vec(&v).unwrap()
+}
+
+fn with_app(state: State) -> State {
+    let labels = [("app".to_string(), "web".to_string())].into();
+    state
+        .deployments
+        .upsert("shop", "web", DeploymentMeta::new(Some(&labels), None));
+    state
+}
+
+/// DESIGN §1.3: the `deployments/scale` entry sees every scale-up in the cluster, and an
+/// application's is never refused, whatever handoff cannot know.
+#[tokio::test]
+async fn an_apps_scale_up_passes_whatever_the_pin_cannot_know() {
+    let unread = with_app(State::new(Default::default()));
+    let stale = {
+        let mut s = with_app(fixture_state());
+        s.windows.upsert(&window(WindowState::Open));
+        s.stale_after = std::time::Duration::ZERO;
+        s.health.windows.failed("connection refused");
+        s
+    };
+    let invalid = {
+        let s = with_app(fixture_state());
+        let mut w = window(WindowState::Open);
+        w.spec.deployment_selector = Some(
+            serde_json::from_value(
+                serde_json::json!({"matchExpressions": [{"key": "tier", "operator": "exists"}]}),
+            )
+            .unwrap(),
+        );
+        s.windows.upsert(&w);
+        s
+    };
+    let parent_unknown = {
+        // An open window, and an API server that does not answer for the parent.
+        let mut s = fixture_state();
+        s.windows.upsert(&window(WindowState::Open));
+        let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        s.client = Some(kube::Client::try_from(config).unwrap());
+        s
+    };
+    for (case, state) in [
+        ("windows unread", unread),
+        ("window watch stale", stale),
+        ("open window with an invalid selector", invalid),
+        ("open window, parent unknown", parent_unknown),
+    ] {
+        let server = TestServer::start_with(Arc::new(state), Options::default()).await;
+        for proto in BOTH {
+            let mut client = server.connect(proto).await;
+            let r = client.review(PATH, scale_of("shop", "web")).await;
+            let r = &r.json()["response"];
+            assert_eq!(r["allowed"], true, "{case}: {r}");
+            assert!(r.get("patch").is_none(), "{case}: {r}");
+        }
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_pinned_controllers_scale_up_is_still_pinned_with_the_deployment_watch_down() {
+    let mut state = pinned_state();
+    state.stale_after = std::time::Duration::ZERO;
+    state.health.deployments.failed("connection refused");
+    let server = TestServer::start_with(Arc::new(state), Options::default()).await;
+    let mut client = server.connect(support::https::Proto::H2).await;
+    let r = client
+        .review(PATH, scale_of("capi-system", "capi-controller-manager"))
+        .await;
+    let r = &r.json()["response"];
+    assert_eq!(r["allowed"], true, "{r}");
+    assert_eq!(r["patchType"], "JSONPatch", "{r}");
+    assert!(
+        r["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("restored to 3")),
+        "{r}"
+    );
+    server.stop().await;
+}

@@ -255,6 +255,6 @@ async fn unsynced_cache_is_not_ready() {
     let mut client = server.connect(Proto::H2).await;
     let r = client.get("/readyz").await;
     assert_eq!(r.status, 503);
-    assert!(r.text().contains("caches not synced"), "{}", r.text());
+    assert!(r.text().contains("not synced yet"), "{}", r.text());
     server.stop().await;
 }

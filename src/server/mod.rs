@@ -369,6 +369,15 @@ async fn admit(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    if !app.state.serves(webhook) {
+        return plain(
+            StatusCode::NOT_FOUND,
+            format!(
+                "this handoff does not serve the {} webhook (--webhooks); check the webhook configuration's service",
+                webhook.as_str()
+            ),
+        );
+    }
     let start = Instant::now();
     let (resp, op, verdict) =
         admit_inner(&app, webhook, deadline.map(|d| d.0), &uri, &headers, body).await;

@@ -133,9 +133,13 @@ pub async fn watch_deployments(client: kube::Client, state: Arc<State>) {
     .await
 }
 
-/// Start every watch the webhooks need.
+/// Start the watches of the webhooks served, and only those.
 pub fn spawn_watches(client: kube::Client, state: Arc<State>) {
-    tokio::spawn(watch_namespaces(client.clone(), state.clone()));
-    tokio::spawn(watch_windows(client.clone(), state.clone()));
-    tokio::spawn(watch_deployments(client, state));
+    if state.serving.guard {
+        tokio::spawn(watch_namespaces(client.clone(), state.clone()));
+    }
+    if state.serving.pin {
+        tokio::spawn(watch_windows(client.clone(), state.clone()));
+        tokio::spawn(watch_deployments(client, state));
+    }
 }

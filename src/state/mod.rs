@@ -84,8 +84,28 @@ pub struct Health {
     pub deployments: WatchHealth,
 }
 
+/// Which webhooks this process serves (`--webhooks`): it watches and waits for only what they
+/// read, so trouble in one webhook's state never makes the other unready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Serving {
+    /// The sync-finalizer guard: namespaces.
+    pub guard: bool,
+    /// The move-window pin: MoveWindows and Deployments.
+    pub pin: bool,
+}
+
+impl Default for Serving {
+    fn default() -> Self {
+        Serving {
+            guard: true,
+            pin: true,
+        }
+    }
+}
+
 /// Everything the webhooks read, shared by all requests.
 pub struct State {
+    pub serving: Serving,
     pub ids: Identities,
     pub namespaces: NamespaceCache,
     /// Set when state comes from a cluster: asked once when a cache misses an object.
@@ -116,6 +136,7 @@ type NamespaceRead = futures::future::Shared<
 impl State {
     pub fn new(ids: Identities) -> Self {
         State {
+            serving: Serving::default(),
             ids,
             namespaces: NamespaceCache::default(),
             client: None,
@@ -324,19 +345,34 @@ impl State {
         }
     }
 
-    /// Ready once every cache has seen its first full list.
+    /// Ready once the caches of the webhooks served have seen their first full list.
     pub fn is_synced(&self) -> bool {
-        self.namespaces.is_synced() && self.windows.is_synced() && self.deployments.is_synced()
+        (!self.serving.guard || self.namespaces.is_synced())
+            && (!self.serving.pin || (self.windows.is_synced() && self.deployments.is_synced()))
     }
 
-    /// `Err` with the reason while a cache is not synced or has gone stale.
+    /// `Err` with the reason while a cache of a served webhook is not synced or has gone
+    /// stale. The other webhook's caches are not consulted (nor watched).
     pub fn readiness(&self) -> Result<(), String> {
-        if !self.is_synced() {
-            return Err("caches not synced yet".into());
+        let mut why = Vec::new();
+        if self.serving.guard {
+            if !self.namespaces.is_synced() {
+                why.push("the namespace cache (sync-finalizer) is not synced yet".to_string());
+            }
+            why.extend(self.namespaces_stale());
         }
-        match self.namespaces_stale().or_else(|| self.windows_stale()) {
-            Some(why) => Err(why),
-            None => Ok(()),
+        if self.serving.pin {
+            if !self.windows.is_synced() {
+                why.push("the MoveWindow cache (move-window) is not synced yet".to_string());
+            }
+            if !self.deployments.is_synced() {
+                why.push("the Deployment cache (move-window) is not synced yet".to_string());
+            }
+            why.extend(self.windows_stale());
+        }
+        match why.is_empty() {
+            true => Ok(()),
+            false => Err(why.join("; ")),
         }
     }
 }
