@@ -377,8 +377,10 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
         ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // The count the server-side apply saved, read from handoff's Deployment watch.
     assert!(
-        text(&out.stderr).contains("Warning: MoveWindow \"capi-move\" pins"),
+        text(&out.stderr).contains("Warning: MoveWindow \"capi-move\" pins")
+            && text(&out.stderr).contains("restored to 5"),
         "{}",
         text(&out.stderr)
     );
