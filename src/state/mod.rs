@@ -1,5 +1,6 @@
 //! State the decisions read: caches fed by kube watches, or a folder of YAML files.
 
+pub mod cache;
 pub mod cluster;
 pub mod files;
 pub mod namespaces;

@@ -4,34 +4,15 @@
 //! few annotations the guard reads, and shares nothing with the watch's buffers: at 100,000
 //! namespaces it costs a few MiB, where a reflector store of whole `ObjectMeta`s costs tens.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
+use super::cache::Projected;
 use crate::policy::sync_finalizer::NamespaceMeta;
 
-type Entries = HashMap<Box<str>, Option<Arc<NamespaceMeta>>>;
-
+/// The guard's view of namespaces: name → what matters in its metadata (`None`: nothing).
 #[derive(Default)]
-struct Inner {
-    entries: Entries,
-    /// Filled during a relist, swapped in whole when it ends, so a relist never shows a
-    /// half-empty cache to a request.
-    relist: Option<Entries>,
-}
-
-/// The guard's view of namespaces: name → what matters in its metadata.
-#[derive(Default)]
-pub struct NamespaceCache {
-    inner: RwLock<Inner>,
-    synced: AtomicBool,
-    /// When the watch last proved itself current (an event arrived), in milliseconds after
-    /// `EPOCH` plus one; 0 = never.
-    proven: AtomicU64,
-}
-
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+pub struct NamespaceCache(Projected<Box<str>, Option<Arc<NamespaceMeta>>>);
 
 /// What the cache knows of one namespace.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,113 +24,72 @@ pub enum CacheEntry {
     Relevant(Arc<NamespaceMeta>),
 }
 
-fn entry(meta: NamespaceMeta) -> Option<Arc<NamespaceMeta>> {
-    meta.is_interesting().then(|| Arc::new(meta))
+fn entry(meta: NamespaceMeta) -> (Box<str>, Option<Arc<NamespaceMeta>>) {
+    let name: Box<str> = meta.name.as_str().into();
+    (name, meta.is_interesting().then(|| Arc::new(meta)))
 }
 
 impl NamespaceCache {
-    /// The watch delivered something: the view is current as of now. A silently dead watch
-    /// connection looks exactly like a quiet cluster, so only this counts as proof.
-    pub fn prove(&self) {
-        let ms = EPOCH.elapsed().as_millis() as u64 + 1;
-        self.proven.fetch_max(ms, Ordering::Relaxed);
-    }
-
-    /// How long ago the view was last proven current (`None`: never).
-    pub fn proven_ago(&self) -> Option<Duration> {
-        match self.proven.load(Ordering::Relaxed) {
-            0 => None,
-            ms => Some(
-                EPOCH
-                    .elapsed()
-                    .saturating_sub(Duration::from_millis(ms - 1)),
-            ),
-        }
-    }
-
     pub fn get(&self, name: &str) -> CacheEntry {
-        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        match inner.entries.get(name) {
+        match self.0.get(name) {
             None => CacheEntry::Unknown,
             Some(None) => CacheEntry::Plain,
-            Some(Some(m)) => CacheEntry::Relevant(m.clone()),
+            Some(Some(m)) => CacheEntry::Relevant(m),
         }
     }
 
     pub fn upsert(&self, meta: NamespaceMeta) {
-        let name: Box<str> = meta.name.as_str().into();
-        let value = entry(meta);
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        inner.entries.insert(name, value);
+        let (k, v) = entry(meta);
+        self.0.upsert(k, v);
     }
 
-    /// Insert unless the cache already has an entry (a fetch must not undo a newer event).
+    /// Insert unless the cache already has an entry (a read must not undo a newer event).
     pub fn insert_if_absent(&self, meta: NamespaceMeta) {
-        let name: Box<str> = meta.name.as_str().into();
-        let value = entry(meta);
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        inner.entries.entry(name).or_insert(value);
+        let (k, v) = entry(meta);
+        self.0.insert_if_absent(k, v);
     }
 
     pub fn remove(&self, name: &str) {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        inner.entries.remove(name);
+        self.0.remove(name);
     }
 
-    /// A watch (re)started: collect the listing aside.
     pub fn begin_relist(&self) {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        inner.relist = Some(HashMap::new());
+        self.0.begin_relist();
     }
 
     pub fn relist_apply(&self, meta: NamespaceMeta) {
-        let name: Box<str> = meta.name.as_str().into();
-        let value = entry(meta);
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        match inner.relist.as_mut() {
-            Some(buf) => {
-                buf.insert(name, value);
-            }
-            None => {
-                inner.entries.insert(name, value);
-            }
-        }
+        let (k, v) = entry(meta);
+        self.0.relist_apply(k, v);
     }
 
-    /// The listing is complete: it replaces the cache, and the cache counts as synced.
     pub fn end_relist(&self) {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut buf) = inner.relist.take() {
-            buf.shrink_to_fit();
-            inner.entries = buf;
-        }
-        drop(inner);
-        self.synced.store(true, Ordering::Release);
+        self.0.end_relist();
     }
 
     /// Replace everything at once (state from files).
     pub fn replace_all(&self, metas: impl IntoIterator<Item = NamespaceMeta>) {
-        self.begin_relist();
-        for m in metas {
-            self.relist_apply(m);
-        }
-        self.end_relist();
+        self.0.replace_all(metas.into_iter().map(entry));
     }
 
     pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
+        self.0.is_synced()
     }
 
     pub fn len(&self) -> usize {
-        self.inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .entries
-            .len()
+        self.0.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.0.is_empty()
+    }
+
+    /// The watch delivered something: the view is current as of now.
+    pub fn prove(&self) {
+        self.0.prove();
+    }
+
+    pub fn proven_ago(&self) -> Option<Duration> {
+        self.0.proven_ago()
     }
 }
 

@@ -1,8 +1,9 @@
 //! Open MoveWindows and the Deployments they may select, as the pin reads them.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
+
+use super::cache::Projected;
 
 use crate::policy::move_window::{OpenWindow, PinnedRef, SAVED_REPLICAS_ANNOTATION};
 use crate::resources::move_window::MoveWindow;
@@ -30,11 +31,9 @@ pub struct WindowSnapshot {
 /// Every MoveWindow by name; the open ones compiled for the pin.
 #[derive(Default)]
 pub struct WindowCache {
-    all: RwLock<BTreeMap<String, Entry>>,
+    all: Projected<String, Entry>,
     /// Rebuilt on every change.
     snapshot: RwLock<Arc<WindowSnapshot>>,
-    relist: RwLock<Option<BTreeMap<String, Entry>>>,
-    synced: AtomicBool,
 }
 
 fn compile(w: &MoveWindow) -> Entry {
@@ -82,77 +81,62 @@ impl WindowCache {
         self.snapshot().open.clone()
     }
 
-    fn publish(&self, all: &BTreeMap<String, Entry>) {
-        let mut snap = WindowSnapshot::default();
-        for e in all.values() {
-            match e {
-                Entry::Open(w, pinned) => {
-                    snap.open.push(w.clone());
-                    snap.pinned.extend(pinned.iter().cloned());
+    fn publish(&self) {
+        let snap = self
+            .all
+            .fold(WindowSnapshot::default(), |mut snap, (_, e)| {
+                match e {
+                    Entry::Open(w, pinned) => {
+                        snap.open.push(w.clone());
+                        snap.pinned.extend(pinned.iter().cloned());
+                    }
+                    Entry::Invalid(why, pinned) => {
+                        snap.invalid.push(why.clone());
+                        snap.pinned.extend(pinned.iter().cloned());
+                    }
+                    Entry::Closed => {}
                 }
-                Entry::Invalid(why, pinned) => {
-                    snap.invalid.push(why.clone());
-                    snap.pinned.extend(pinned.iter().cloned());
-                }
-                Entry::Closed => {}
-            }
-        }
+                snap
+            });
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snap);
     }
 
     pub fn upsert(&self, w: &MoveWindow) {
-        let mut all = self.all.write().unwrap_or_else(|e| e.into_inner());
-        all.insert(w.metadata.name.clone().unwrap_or_default(), compile(w));
-        self.publish(&all);
+        self.all
+            .upsert(w.metadata.name.clone().unwrap_or_default(), compile(w));
+        self.publish();
     }
 
     pub fn remove(&self, name: &str) {
-        let mut all = self.all.write().unwrap_or_else(|e| e.into_inner());
-        all.remove(name);
-        self.publish(&all);
+        self.all.remove(name);
+        self.publish();
     }
 
     pub fn begin_relist(&self) {
-        *self.relist.write().unwrap_or_else(|e| e.into_inner()) = Some(BTreeMap::new());
+        self.all.begin_relist();
     }
 
     pub fn relist_apply(&self, w: &MoveWindow) {
-        let mut relist = self.relist.write().unwrap_or_else(|e| e.into_inner());
-        match relist.as_mut() {
-            Some(buf) => {
-                buf.insert(w.metadata.name.clone().unwrap_or_default(), compile(w));
-            }
-            None => {
-                drop(relist);
-                self.upsert(w);
-            }
-        }
+        self.all
+            .relist_apply(w.metadata.name.clone().unwrap_or_default(), compile(w));
     }
 
     pub fn end_relist(&self) {
-        let buf = self
-            .relist
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(buf) = buf {
-            let mut all = self.all.write().unwrap_or_else(|e| e.into_inner());
-            *all = buf;
-            self.publish(&all);
-        }
-        self.synced.store(true, Ordering::Release);
+        self.all.end_relist();
+        self.publish();
     }
 
     pub fn replace_all<'a>(&self, windows: impl IntoIterator<Item = &'a MoveWindow>) {
-        self.begin_relist();
-        for w in windows {
-            self.relist_apply(w);
-        }
-        self.end_relist();
+        self.all.replace_all(
+            windows
+                .into_iter()
+                .map(|w| (w.metadata.name.clone().unwrap_or_default(), compile(w))),
+        );
+        self.publish();
     }
 
     pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
+        self.all.is_synced()
     }
 }
 
@@ -182,11 +166,7 @@ type DeploymentKey = (Box<str>, Box<str>);
 
 /// Deployments by namespace and name, for resolving the parent of a scale request.
 #[derive(Default)]
-pub struct DeploymentCache {
-    map: RwLock<HashMap<DeploymentKey, Arc<DeploymentMeta>>>,
-    relist: RwLock<Option<HashMap<DeploymentKey, Arc<DeploymentMeta>>>>,
-    synced: AtomicBool,
-}
+pub struct DeploymentCache(Projected<DeploymentKey, Arc<DeploymentMeta>>);
 
 fn key(ns: &str, name: &str) -> DeploymentKey {
     (ns.into(), name.into())
@@ -194,67 +174,36 @@ fn key(ns: &str, name: &str) -> DeploymentKey {
 
 impl DeploymentCache {
     pub fn get(&self, ns: &str, name: &str) -> Option<Arc<DeploymentMeta>> {
-        self.map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key(ns, name))
-            .cloned()
+        self.0.get(&key(ns, name))
     }
 
     pub fn upsert(&self, ns: &str, name: &str, meta: DeploymentMeta) {
-        self.map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key(ns, name), Arc::new(meta));
+        self.0.upsert(key(ns, name), Arc::new(meta));
     }
 
-    /// Insert unless the cache already has an entry (a fetch must not undo a newer event).
+    /// Insert unless the cache already has an entry (a read must not undo a newer event).
     pub fn insert_if_absent(&self, ns: &str, name: &str, meta: DeploymentMeta) {
-        self.map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key(ns, name))
-            .or_insert_with(|| Arc::new(meta));
+        self.0.insert_if_absent(key(ns, name), Arc::new(meta));
     }
 
     pub fn remove(&self, ns: &str, name: &str) {
-        self.map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key(ns, name));
+        self.0.remove(&key(ns, name));
     }
 
     pub fn begin_relist(&self) {
-        *self.relist.write().unwrap_or_else(|e| e.into_inner()) = Some(HashMap::new());
+        self.0.begin_relist();
     }
 
     pub fn relist_apply(&self, ns: &str, name: &str, meta: DeploymentMeta) {
-        let mut relist = self.relist.write().unwrap_or_else(|e| e.into_inner());
-        match relist.as_mut() {
-            Some(buf) => {
-                buf.insert(key(ns, name), Arc::new(meta));
-            }
-            None => {
-                drop(relist);
-                self.upsert(ns, name, meta);
-            }
-        }
+        self.0.relist_apply(key(ns, name), Arc::new(meta));
     }
 
     pub fn end_relist(&self) {
-        if let Some(buf) = self
-            .relist
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            *self.map.write().unwrap_or_else(|e| e.into_inner()) = buf;
-        }
-        self.synced.store(true, Ordering::Release);
+        self.0.end_relist();
     }
 
     pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
+        self.0.is_synced()
     }
 
     /// How many Deployments the open windows select now (for the metrics gauge).
@@ -262,15 +211,12 @@ impl DeploymentCache {
         if windows.is_empty() {
             return 0;
         }
-        self.map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .filter(|d| {
+        self.0.fold(0, |n, (_, d)| {
+            n + usize::from(
                 windows
                     .iter()
-                    .any(|w| w.selector.matches(d.labels.as_ref()))
-            })
-            .count()
+                    .any(|w| w.selector.matches(d.labels.as_ref())),
+            )
+        })
     }
 }

@@ -1,0 +1,178 @@
+//! The one cache every watch feeds: what handoff keeps of one kind of object, by key.
+//!
+//! Written once for namespaces, MoveWindows and Deployments alike: a relist is collected aside
+//! and swapped in whole (a request never sees a half-empty cache), events update it in place, a
+//! read on a miss fills it in without undoing a newer event, and the watch marks when it last
+//! proved the view current (DESIGN §1.3: a silently dead watch looks like a quiet cluster).
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{LazyLock, RwLock};
+use std::time::{Duration, Instant};
+
+struct Inner<K, V> {
+    entries: HashMap<K, V>,
+    /// Filled during a relist, swapped in whole when it ends.
+    relist: Option<HashMap<K, V>>,
+}
+
+/// A projection of one kind of object: key → what the decisions read of it.
+pub struct Projected<K, V> {
+    inner: RwLock<Inner<K, V>>,
+    synced: AtomicBool,
+    /// When the watch last proved the view current, in milliseconds after `EPOCH` plus one;
+    /// 0 = never.
+    proven: AtomicU64,
+}
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+impl<K, V> Default for Projected<K, V> {
+    fn default() -> Self {
+        Projected {
+            inner: RwLock::new(Inner {
+                entries: HashMap::new(),
+                relist: None,
+            }),
+            synced: AtomicBool::new(false),
+            proven: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<K: Hash + Eq, V: Clone> Projected<K, V> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner<K, V>> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner<K, V>> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn get<Q>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.read().entries.get(key).cloned()
+    }
+
+    pub fn upsert(&self, key: K, value: V) {
+        self.write().entries.insert(key, value);
+    }
+
+    /// Insert unless the cache already has an entry: a read must not undo a newer event.
+    pub fn insert_if_absent(&self, key: K, value: V) {
+        self.write().entries.entry(key).or_insert(value);
+    }
+
+    pub fn remove<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.write().entries.remove(key);
+    }
+
+    /// A watch (re)started: collect the listing aside.
+    pub fn begin_relist(&self) {
+        self.write().relist = Some(HashMap::new());
+    }
+
+    pub fn relist_apply(&self, key: K, value: V) {
+        let mut inner = self.write();
+        match inner.relist.as_mut() {
+            Some(buf) => buf.insert(key, value),
+            None => inner.entries.insert(key, value),
+        };
+    }
+
+    /// The listing is complete: it replaces the cache, which counts as synced and current.
+    pub fn end_relist(&self) {
+        let mut inner = self.write();
+        if let Some(mut buf) = inner.relist.take() {
+            buf.shrink_to_fit();
+            inner.entries = buf;
+        }
+        drop(inner);
+        self.synced.store(true, Ordering::Release);
+        self.prove();
+    }
+
+    /// Replace everything at once (state from files).
+    pub fn replace_all(&self, entries: impl IntoIterator<Item = (K, V)>) {
+        self.begin_relist();
+        for (k, v) in entries {
+            self.relist_apply(k, v);
+        }
+        self.end_relist();
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Read every value under one lock (metrics, snapshots).
+    pub fn fold<R>(&self, init: R, f: impl FnMut(R, (&K, &V)) -> R) -> R {
+        self.read().entries.iter().fold(init, f)
+    }
+
+    /// The watch delivered something: the view is current as of now.
+    pub fn prove(&self) {
+        let ms = EPOCH.elapsed().as_millis() as u64 + 1;
+        self.proven.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long ago the view was last proven current (`None`: never).
+    pub fn proven_ago(&self) -> Option<Duration> {
+        match self.proven.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(
+                EPOCH
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(ms - 1)),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relist_swaps_whole_marks_synced_and_proves() {
+        let c: Projected<Box<str>, u32> = Projected::default();
+        assert!(!c.is_synced());
+        assert_eq!(c.proven_ago(), None);
+        c.upsert("old".into(), 1);
+        c.begin_relist();
+        c.relist_apply("a".into(), 2);
+        c.relist_apply("b".into(), 3);
+        // During the relist the old view still answers.
+        assert_eq!(c.get("old"), Some(1));
+        assert_eq!(c.get("a"), None);
+        c.end_relist();
+        assert!(c.is_synced());
+        assert!(c.proven_ago().is_some());
+        assert_eq!(c.get("old"), None);
+        assert_eq!((c.get("a"), c.get("b"), c.len()), (Some(2), Some(3), 2));
+        // A read on a miss never undoes what an event put there.
+        c.insert_if_absent("a".into(), 9);
+        c.insert_if_absent("c".into(), 4);
+        assert_eq!((c.get("a"), c.get("c")), (Some(2), Some(4)));
+        c.remove("a");
+        assert_eq!(c.get("a"), None);
+        assert_eq!(c.fold(0, |n, (_, v)| n + v), 7);
+    }
+}
