@@ -98,12 +98,13 @@ pub struct GroupVersionKind {
     pub kind: String,
 }
 
-/// Only the username: no rule reads groups or extra, and skipping them saves their
-/// allocations on every request.
+/// The username, and the groups that break-glass exemptions may name; `extra` is never read.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct UserInfo {
     #[serde(default)]
     pub username: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
 }
 
 /// The parts of an object (a Deployment, a Scale, anything being deleted) the webhooks read.

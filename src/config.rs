@@ -5,6 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::policy::identity::{Identities, KeyScheme};
+use crate::policy::rollout::{Exemption, Mode, Rollout};
 
 /// ```yaml
 /// syncTargets:                      # explicit identities, checked before the kcp convention
@@ -25,6 +26,45 @@ pub struct ConfigFile {
     pub annotation_domains: Option<Vec<String>>,
     #[serde(default)]
     pub key_schemes: Option<Vec<KeyScheme>>,
+    /// Each rule's mode; reloaded when the file changes.
+    #[serde(default)]
+    pub enforcement: Enforcement,
+    /// Break-glass: who passes even under `enforce` (visibly); reloaded when the file changes.
+    #[serde(default)]
+    pub exemptions: Vec<ExemptionEntry>,
+}
+
+/// `- username: alice` or `- group: move-breakglass`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExemptionEntry {
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub group: Option<String>,
+}
+
+impl ExemptionEntry {
+    fn exemption(&self, i: usize) -> Result<Exemption, String> {
+        match (&self.username, &self.group) {
+            (Some(u), None) if !u.trim().is_empty() => Ok(Exemption::Username(u.clone())),
+            (None, Some(g)) if !g.trim().is_empty() => Ok(Exemption::Group(g.clone())),
+            (Some(_), None) => Err(format!("exemptions[{i}].username is empty")),
+            (None, Some(_)) => Err(format!("exemptions[{i}].group is empty")),
+            _ => Err(format!(
+                "exemptions[{i}] needs exactly one of username or group"
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Enforcement {
+    #[serde(default)]
+    pub sync_finalizer: Mode,
+    #[serde(default)]
+    pub move_window: Mode,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -69,7 +109,24 @@ impl ConfigFile {
             serde_yaml::from_str(text).map_err(|e| e.to_string())?
         };
         cfg.identities()?;
+        for (i, e) in cfg.exemptions.iter().enumerate() {
+            e.exemption(i)?;
+        }
         Ok(cfg)
+    }
+
+    /// The settings a running server takes from a changed file without a restart.
+    pub fn rollout(&self) -> Rollout {
+        Rollout {
+            sync_finalizer: self.enforcement.sync_finalizer,
+            move_window: self.enforcement.move_window,
+            exemptions: self
+                .exemptions
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| e.exemption(i).ok())
+                .collect(),
+        }
     }
 
     pub fn identities(&self) -> Result<Identities, String> {

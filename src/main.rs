@@ -436,6 +436,7 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
     if let Some(dir) = &args.state {
         let mut state =
             State::from_dir(dir, ids).with_context(|| format!("--state {}", dir.display()))?;
+        state.set_rollout(cfg.rollout());
         state.api_timeout = args.api_timeout;
         state.own = args.own_deployment.clone();
         return Ok((state, None));
@@ -444,6 +445,7 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
         .await
         .context("state comes from a cluster unless --state DIR is given")?;
     let mut state = State::new(ids);
+    state.set_rollout(cfg.rollout());
     state.api_timeout = args.api_timeout;
     state.stale_after = args.stale_after;
     state.max_staleness = args.max_staleness;
@@ -511,6 +513,10 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         handoff::state::cluster::spawn_watches(client, state.clone());
     }
     tokio::spawn(store.clone().watch(a.cert_reload_interval, metrics.clone()));
+    metrics.set_rollout(&state.rollout());
+    if let Some(path) = a.state.config.clone() {
+        tokio::spawn(watch_config(path, state.clone(), metrics.clone()));
+    }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(l) = plain {
@@ -561,6 +567,52 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     .await;
     tracing::info!("handoff stopped");
     Ok(())
+}
+
+/// Re-read the config file whenever its bytes change (a mounted ConfigMap is swapped by the
+/// kubelet like a Secret): the enforcement modes and exemptions take effect at once; a file
+/// that does not parse is refused and the settings in force stay. Identities, domains and key
+/// schemes are read at start-up only.
+async fn watch_config(path: PathBuf, state: Arc<State>, metrics: Arc<Metrics>) {
+    let mut last = std::fs::read(&path).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let now = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) => {
+                if last.is_some() {
+                    tracing::error!(config = %path.display(), error = %e, "config file unreadable; the settings in force stay");
+                    metrics.config_reload_errors.inc();
+                    last = None;
+                }
+                continue;
+            }
+        };
+        if last.as_deref() == Some(&now[..]) {
+            continue;
+        }
+        last = Some(now);
+        match ConfigFile::load(&path) {
+            Err(e) => {
+                tracing::error!(error = %e, "config change refused; the settings in force stay");
+                metrics.config_reload_errors.inc();
+            }
+            Ok(cfg) => {
+                let rollout = cfg.rollout();
+                tracing::info!(
+                    config = %path.display(),
+                    sync_finalizer = %rollout.sync_finalizer,
+                    move_window = %rollout.move_window,
+                    exemptions = rollout.exemptions.len(),
+                    "config reloaded: enforcement modes and exemptions in force (identities, domains and key schemes change only on restart)"
+                );
+                metrics.set_rollout(&rollout);
+                metrics.config_reloads.inc();
+                state.set_rollout(rollout);
+            }
+        }
+    }
 }
 
 async fn wait_for_signal() {

@@ -7,6 +7,7 @@ use crate::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use crate::policy::move_window::{
     self, Doubt, OpenWindow, ParentDeployment, PinRequest, PinTarget, PinVerdict, WindowView,
 };
+use crate::policy::rollout::{self, Delivery, Rollout, RuleOutcome};
 use crate::policy::sync_finalizer::{self, DeleteRequest, NamespaceState, Verdict};
 use crate::state::{DeploymentLookup, NamespaceLookup, State};
 
@@ -96,11 +97,64 @@ pub fn audit(verdict: &str, reason: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// Decide one request for `webhook`.
+/// Decide one request for `webhook`, delivered as the rule's enforcement mode and the
+/// exemptions in force say.
 pub async fn decide(state: &State, webhook: Webhook, req: &AdmissionRequest) -> Decision {
-    match webhook {
+    let decided = match webhook {
         Webhook::SyncFinalizer => decide_sync_finalizer(state, req).await,
         Webhook::MoveWindow => decide_move_window(state, req).await,
+    };
+    deliver(&state.rollout(), webhook, req, decided)
+}
+
+/// Shape a decision by the rollout: `warn` and `audit` let it pass unchanged (with the would-be
+/// denial or pin as a warning under `warn`), an exempt requester passes with a warning that
+/// says so. Every softened decision keeps its reason in the audit annotations.
+pub fn deliver(
+    rollout: &Rollout,
+    webhook: Webhook,
+    req: &AdmissionRequest,
+    d: Decision,
+) -> Decision {
+    let mode = match webhook {
+        Webhook::SyncFinalizer => rollout.sync_finalizer,
+        Webhook::MoveWindow => rollout.move_window,
+    };
+    let outcome = match d.verdict {
+        "deny" => RuleOutcome::Deny,
+        "patch" => RuleOutcome::Patch,
+        _ => RuleOutcome::Allow,
+    };
+    let exemption = rollout.exemption(&req.user_info.username, &req.user_info.groups);
+    let delivery = rollout::deliver(outcome, mode, exemption.is_some());
+    let would = match outcome {
+        RuleOutcome::Patch => "pin this",
+        _ => "deny this request",
+    };
+    let warning = match (&delivery, exemption) {
+        (Delivery::AsDecided, _) => return d,
+        (Delivery::Warn { .. }, _) => Some(format!(
+            "handoff would {would} ({} is in warn mode): {}",
+            webhook.as_str(),
+            d.detail
+        )),
+        (Delivery::Audit { .. }, _) => None,
+        (Delivery::Exempt, Some(e)) => Some(format!(
+            "exempt from the {} rule as {e}; handoff would otherwise {would}: {}",
+            webhook.as_str(),
+            d.detail
+        )),
+        (Delivery::Exempt, None) => unreachable!("deliver returns Exempt only for an exemption"),
+    };
+    let verdict = delivery.verdict(d.verdict);
+    let mut response = AdmissionResponse::allow(&req.uid);
+    response.warnings.extend(warning);
+    response.audit_annotations = audit(verdict, d.reason);
+    Decision {
+        response,
+        verdict,
+        reason: d.reason,
+        detail: d.detail,
     }
 }
 

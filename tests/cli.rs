@@ -279,3 +279,164 @@ fn a_configured_username_the_match_condition_never_sends_is_reported() {
     );
     assert!(!err.contains("kcp-syncer-edge-1"), "{err}");
 }
+
+/// `handoff review --config F` shows what each enforcement mode, and an exemption, sends back.
+#[test]
+fn review_shows_each_enforcement_mode_and_an_exemption() {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let review = |cfg: &str, file: &std::path::Path, state: &std::path::Path| {
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, cfg).unwrap();
+        let (ok, out, err) = run(handoff()
+            .arg("review")
+            .arg(file)
+            .arg("--state")
+            .arg(state)
+            .arg("--config")
+            .arg(&path));
+        assert!(ok, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["response"].clone()
+    };
+    let delete = fixtures_dir().join("delete-configmap-by-syncer.json");
+    let scale = examples.join("reviews/scale-capi-controller.json");
+    let (guard_state, pin_state) = (fixtures_dir().join("state"), examples.join("state"));
+    // (case, config, review, state, allowed, patched, warning starts with, decision)
+    let rows: &[(
+        &str,
+        &str,
+        &std::path::Path,
+        &std::path::Path,
+        bool,
+        bool,
+        Option<&str>,
+        &str,
+    )] = &[
+        (
+            "guard enforce",
+            "",
+            &delete,
+            &guard_state,
+            false,
+            false,
+            None,
+            "deny",
+        ),
+        (
+            "guard warn",
+            "enforcement:\n  syncFinalizer: warn\n",
+            &delete,
+            &guard_state,
+            true,
+            false,
+            Some(
+                "handoff would deny this request (sync-finalizer is in warn mode): namespace \"kcp-33jbiactwhg0\" carries the sync finalizer",
+            ),
+            "would-deny",
+        ),
+        (
+            "guard audit",
+            "enforcement:\n  syncFinalizer: audit\n",
+            &delete,
+            &guard_state,
+            true,
+            false,
+            None,
+            "would-deny",
+        ),
+        (
+            "guard exempt group",
+            "exemptions:\n- group: system:serviceaccounts\n",
+            &delete,
+            &guard_state,
+            true,
+            false,
+            Some(
+                "exempt from the sync-finalizer rule as a member of group \"system:serviceaccounts\"; handoff would otherwise deny this request",
+            ),
+            "exempt",
+        ),
+        (
+            "pin enforce",
+            "",
+            &scale,
+            &pin_state,
+            true,
+            true,
+            Some("MoveWindow \"capi-move\" pins"),
+            "pin",
+        ),
+        (
+            "pin warn",
+            "enforcement:\n  moveWindow: warn\n",
+            &scale,
+            &pin_state,
+            true,
+            false,
+            Some(
+                "handoff would pin this (move-window is in warn mode): MoveWindow \"capi-move\" pins",
+            ),
+            "would-pin",
+        ),
+        (
+            "pin audit",
+            "enforcement:\n  moveWindow: audit\n",
+            &scale,
+            &pin_state,
+            true,
+            false,
+            None,
+            "would-pin",
+        ),
+        (
+            "pin exempt user",
+            "exemptions:\n- username: admin\n",
+            &scale,
+            &pin_state,
+            true,
+            false,
+            Some("exempt from the move-window rule as user \"admin\""),
+            "exempt",
+        ),
+        (
+            "the other rule's mode changes nothing",
+            "enforcement:\n  moveWindow: audit\n",
+            &delete,
+            &guard_state,
+            false,
+            false,
+            None,
+            "deny",
+        ),
+    ];
+    for (case, cfg, file, state, allowed, patched, warning, decision) in rows {
+        let r = review(cfg, file, state);
+        assert_eq!(r["allowed"], *allowed, "{case}: {r}");
+        assert_eq!(r.get("patch").is_some(), *patched, "{case}: {r}");
+        let warnings = r["warnings"].as_array().cloned().unwrap_or_default();
+        match warning {
+            None => assert!(warnings.is_empty(), "{case}: {r}"),
+            Some(w) => assert!(
+                warnings.len() == 1 && warnings[0].as_str().unwrap().starts_with(w),
+                "{case}: {r}"
+            ),
+        }
+        assert_eq!(r["auditAnnotations"]["decision"], *decision, "{case}: {r}");
+    }
+    // A bad mode or an empty exemption stops with a message naming the field.
+    for (cfg, field) in [
+        ("enforcement:\n  syncFinalizer: block\n", "block"),
+        ("exemptions:\n- group: \"\"\n", "exemptions[0].group"),
+        ("exemptions:\n- team: x\n", "team"),
+    ] {
+        std::fs::write(dir.path().join("config.yaml"), cfg).unwrap();
+        let (ok, _, err) = run(handoff()
+            .arg("review")
+            .arg(&delete)
+            .arg("--state")
+            .arg(&guard_state)
+            .arg("--config")
+            .arg(dir.path().join("config.yaml")));
+        assert!(!ok && err.contains(field), "{cfg}: {err}");
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod identity;
 pub mod move_window;
+pub mod rollout;
 pub mod selector;
 pub mod sync_finalizer;
 

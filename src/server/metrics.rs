@@ -20,6 +20,12 @@ pub struct WebhookLabels {
     pub webhook: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    pub webhook: &'static str,
+    pub mode: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
@@ -32,6 +38,11 @@ pub struct Metrics {
     pub namespaces: Gauge,
     pub open_windows: Gauge,
     pub pinned_deployments: Gauge,
+    /// 1 for each webhook's enforcement mode in force, 0 for the others.
+    pub enforcement: Family<ModeLabels, Gauge>,
+    pub exempt: Family<WebhookLabels, Counter>,
+    pub config_reloads: Counter,
+    pub config_reload_errors: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -66,6 +77,10 @@ impl Metrics {
             namespaces: Gauge::default(),
             open_windows: Gauge::default(),
             pinned_deployments: Gauge::default(),
+            enforcement: Family::default(),
+            exempt: Family::default(),
+            config_reloads: Counter::default(),
+            config_reload_errors: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -118,7 +133,45 @@ impl Metrics {
             "Deployments selected by an open MoveWindow",
             m.pinned_deployments.clone(),
         );
+        registry.register(
+            "enforcement_mode",
+            "1 for the enforcement mode in force for each webhook (enforce, warn, audit), 0 for the others",
+            m.enforcement.clone(),
+        );
+        registry.register(
+            "exempt_requests",
+            "Requests a rule would have denied or pinned that passed under a break-glass exemption",
+            m.exempt.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Config file changes that took effect",
+            m.config_reloads.clone(),
+        );
+        registry.register(
+            "config_reload_errors",
+            "Config file changes refused (the settings in force stay)",
+            m.config_reload_errors.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Publish the rollout in force.
+    pub fn set_rollout(&self, r: &crate::policy::rollout::Rollout) {
+        use crate::policy::rollout::Mode;
+        for (webhook, mode) in [
+            ("sync-finalizer", r.sync_finalizer),
+            ("move-window", r.move_window),
+        ] {
+            for m in Mode::ALL {
+                self.enforcement
+                    .get_or_create(&ModeLabels {
+                        webhook,
+                        mode: m.as_str(),
+                    })
+                    .set(i64::from(m == mode));
+            }
+        }
     }
 
     pub fn encode(&self) -> String {

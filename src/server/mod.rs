@@ -164,8 +164,22 @@ pub fn health_router() -> Router<App> {
         .route(
             "/readyz",
             get(|AxState(app): AxState<App>| async move {
+                let r = app.state.rollout();
+                let modes = format!(
+                    "sync-finalizer: {}, move-window: {}",
+                    if app.state.serving.guard {
+                        r.sync_finalizer.as_str()
+                    } else {
+                        "not served"
+                    },
+                    if app.state.serving.pin {
+                        r.move_window.as_str()
+                    } else {
+                        "not served"
+                    },
+                );
                 match app.readiness() {
-                    Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+                    Ok(()) => (StatusCode::OK, format!("ok ({modes})\n")),
                     Err(why) => (
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!("not ready: {why}\n"),
@@ -465,14 +479,27 @@ async fn admit_inner(
     .await
     {
         Ok(d) => d,
-        Err(_) => Decision::deny(
+        Err(_) => webhook::deliver(
+            &app.state.rollout(),
+            webhook,
             &req,
-            "deadline",
-            format!(
-                "handoff could not decide within {budget:?} (the API server's timeout less a margin); refused so that nothing is deleted or started unchecked"
+            Decision::deny(
+                &req,
+                "deadline",
+                format!(
+                    "handoff could not decide within {budget:?} (the API server's timeout less a margin); refused so that nothing is deleted or started unchecked"
+                ),
             ),
         ),
     };
+    if decision.verdict == "exempt" {
+        app.metrics
+            .exempt
+            .get_or_create(&WebhookLabels {
+                webhook: webhook.as_str(),
+            })
+            .inc();
+    }
     log_decision(webhook, &req, &decision, start.elapsed());
     let body = admission::encode_review(&decision.response);
     let resp = (

@@ -107,6 +107,8 @@ impl Default for Serving {
 /// Everything the webhooks read, shared by all requests.
 pub struct State {
     pub serving: Serving,
+    /// Enforcement modes and exemptions in force; replaced whole when the config file changes.
+    rollout: std::sync::RwLock<Arc<crate::policy::rollout::Rollout>>,
     pub ids: Identities,
     pub namespaces: NamespaceCache,
     /// Set when state comes from a cluster: asked once when a cache misses an object.
@@ -138,6 +140,7 @@ impl State {
     pub fn new(ids: Identities) -> Self {
         State {
             serving: Serving::default(),
+            rollout: Default::default(),
             ids,
             namespaces: NamespaceCache::default(),
             client: None,
@@ -153,6 +156,17 @@ impl State {
             max_staleness: Duration::from_secs(10),
             reads: Default::default(),
         }
+    }
+
+    pub fn rollout(&self) -> Arc<crate::policy::rollout::Rollout> {
+        self.rollout
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn set_rollout(&self, rollout: crate::policy::rollout::Rollout) {
+        *self.rollout.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rollout);
     }
 
     /// Why the namespace cache cannot be trusted now, if it cannot.
