@@ -93,6 +93,10 @@ enum WindowCommand {
         /// Open even though pinned Deployments serve webhooks that fail closed.
         #[arg(long)]
         allow_webhook_outage: bool,
+        /// Print what open would do on each cluster (preflight, each Deployment it would pin
+        /// and the count it would save) and write nothing.
+        #[arg(long)]
+        dry_run: bool,
         /// How long to wait for the pinned pods to be gone (0 to not wait).
         #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = duration)]
         wait_timeout: Duration,
@@ -378,6 +382,7 @@ async fn window(a: WindowArgs) -> anyhow::Result<()> {
             selector,
             reason,
             allow_webhook_outage,
+            dry_run,
             wait_timeout,
         } => {
             let opts = ops::OpenOptions {
@@ -389,7 +394,11 @@ async fn window(a: WindowArgs) -> anyhow::Result<()> {
                 poll: Duration::from_secs(2),
                 own: a.own_deployment,
             };
-            ops::open(&clusters, &opts, &mut out).await?;
+            if dry_run {
+                ops::plan_open(&clusters, &opts, &mut std::io::stdout()).await?;
+            } else {
+                ops::open(&clusters, &opts, &mut out).await?;
+            }
         }
         WindowCommand::Close {
             name,

@@ -33,14 +33,14 @@ fn env() -> &'static Env {
     static ENV: OnceLock<Env> = OnceLock::new();
     ENV.get_or_init(|| {
         let api = ApiServer::start();
-        let (handoff, _) = start_registered(&api, HANDOFF_USER, true);
+        let (handoff, _) = start_registered(&api, HANDOFF_USER, true, &[]);
         Env { api, handoff }
     })
 }
 
 /// handoff's RBAC from the base manifests, the syncers' own rights, handoff serving and
 /// registered (with or without the CRD), ready when `wait` says so.
-fn start_registered(api: &ApiServer, user: &str, wait: bool) -> (Handoff, String) {
+fn start_registered(api: &ApiServer, user: &str, wait: bool, extra: &[&str]) -> (Handoff, String) {
     let rbac = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base/rbac.yaml"),
     )
@@ -50,7 +50,7 @@ fn start_registered(api: &ApiServer, user: &str, wait: bool) -> (Handoff, String
     api.apply(&format!(
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: test-syncers\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\nsubjects:\n- kind: User\n  name: {SYNCER}\n"
     ));
-    let mut handoff = Handoff::start(api, user, &[]);
+    let mut handoff = Handoff::start(api, user, extra);
     let rendered = handoff.rendered_local_overlay();
     api.apply(&rendered);
     if wait {
@@ -263,6 +263,23 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
     api.apply(&capi_deployment("pin-capi", "capi-controller-manager", 2));
     api.apply(&app_deployment("pin-app", "web", 1));
 
+    // A dry run says what open would do and writes nothing.
+    let out = handoff_cmd(api, &["window", "open", "capi-move", "--dry-run"]);
+    assert!(out.status.success(), "dry run: {}", text(&out.stderr));
+    let plan = text(&out.stdout);
+    assert!(
+        plan.contains("cluster: would create MoveWindow capi-move (Open)")
+            && plan.contains("pin-capi/capi-controller-manager: would pin to 0 replicas, saving 2")
+            && !plan.contains("pin-app")
+            && plan.contains("nothing was written"),
+        "{plan}"
+    );
+    assert_eq!(
+        replicas(api, "pin-capi", "capi-controller-manager"),
+        (2, None)
+    );
+    assert!(!exists(api, &["movewindow", "capi-move"]));
+
     let out = handoff_cmd(
         api,
         &[
@@ -447,7 +464,7 @@ fn the_watch_lists_again_after_the_api_server_restarts() {
         return;
     }
     let mut api = ApiServer::start();
-    let (mut handoff, _) = start_registered(&api, HANDOFF_USER, true);
+    let (mut handoff, _) = start_registered(&api, HANDOFF_USER, true, &[]);
     held_namespace(&api, "before-restart", SYNC_TARGET_KEY);
     configmaps(&api, "before-restart", &["a"]);
     assert_held(
@@ -501,7 +518,7 @@ fn without_rights_to_movewindows_the_guard_still_holds_and_apps_scale() {
     api.apply(&format!(
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: handoff-narrow\nrules:\n- apiGroups: [\"\"]\n  resources: [namespaces]\n  verbs: [get, list, watch]\n- apiGroups: [apps]\n  resources: [deployments]\n  verbs: [get, list, watch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: handoff-narrow\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: handoff-narrow\nsubjects:\n- kind: User\n  name: {NOBODY}\n"
     ));
-    let (handoff, _) = start_registered(&api, NOBODY, false);
+    let (handoff, _) = start_registered(&api, NOBODY, false, &[]);
     eventually("the movewindows watch reports RBAC", WAIT, || {
         handoff
             .log()
@@ -694,4 +711,132 @@ fn a_guard_only_replica_needs_and_watches_nothing_of_the_pin() {
     );
     assert_eq!(replicas(&api, "alone", "web"), (2, None));
     guard.stop();
+}
+
+#[test]
+fn warn_audit_and_break_glass_as_users_meet_them_and_back_to_enforce_without_a_restart() {
+    if skip() {
+        return;
+    }
+    let api = ApiServer::start();
+    let cfg_dir = tempfile::tempdir().expect("temp dir");
+    let cfg = cfg_dir.path().join("config.yaml");
+    let write_cfg = |guard: &str| {
+        std::fs::write(
+            &cfg,
+            format!("enforcement:\n  syncFinalizer: {guard}\n  moveWindow: enforce\nexemptions:\n- group: move-breakglass\n"),
+        )
+        .expect("config");
+    };
+    write_cfg("warn");
+    let (handoff, _) = start_registered(
+        &api,
+        HANDOFF_USER,
+        true,
+        &["--config", cfg.to_str().expect("utf-8")],
+    );
+    let modes = |want: &str| {
+        eventually(&format!("/readyz shows {want}"), WAIT, || {
+            handoff
+                .readyz()
+                .filter(|(code, body)| *code == 200 && body.contains(want))
+                .map(|_| ())
+        })
+    };
+    modes("sync-finalizer: warn, move-window: enforce");
+    held_namespace(&api, "rollout", SYNC_TARGET_KEY);
+    configmaps(&api, "rollout", &["a", "b", "c"]);
+
+    // warn: the delete goes through and kubectl prints what enforce would have said.
+    let (ok, err) = as_syncer(&api, &["-n", "rollout", "delete", "configmap", "a"]);
+    assert!(ok, "warn denied: {err}");
+    assert!(
+        err.contains("Warning: handoff would deny this request (sync-finalizer is in warn mode): namespace \"rollout\" carries the sync finalizer"),
+        "{err}"
+    );
+
+    // audit: through, silently; the API server's audit log records what would have happened.
+    write_cfg("audit");
+    modes("sync-finalizer: audit");
+    let (ok, err) = as_syncer(&api, &["-n", "rollout", "delete", "configmap", "b"]);
+    assert!(ok, "audit denied: {err}");
+    assert!(!err.contains("Warning"), "audit warned: {err}");
+    let annotations = eventually("the audit event of the delete", WAIT, || {
+        api.audit_events().into_iter().find_map(|e| {
+            let deleted_b = e["verb"] == "delete"
+                && e["objectRef"]["name"] == "b"
+                && e["stage"] == "ResponseComplete";
+            deleted_b.then(|| e["annotations"].clone())
+        })
+    });
+    assert_eq!(
+        annotations["sync-finalizer.handoff.dev/decision"], "would-deny",
+        "{annotations}"
+    );
+    assert_eq!(
+        annotations["sync-finalizer.handoff.dev/reason"], "namespace-sync-finalizer",
+        "{annotations}"
+    );
+
+    // Break-glass: a member of the exempt group scales a pinned controller during a window.
+    api.ok(ADMIN, &["create", "namespace", "bg-capi"]);
+    api.apply(&capi_deployment("bg-capi", "capi-controller-manager", 2));
+    let out = handoff_cmd(&api, &["window", "open", "bg", "--wait-timeout", "0s"]);
+    assert!(out.status.success(), "window open: {}", text(&out.stderr));
+    eventually("handoff sees the window", WAIT, || {
+        (metric(&handoff, "handoff_open_move_windows") == Some(1.0)).then_some(())
+    });
+    api.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: oncall\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\nsubjects:\n- kind: User\n  name: oncall\n"
+    ));
+    let scale = [
+        "-n",
+        "bg-capi",
+        "scale",
+        "deployment",
+        "capi-controller-manager",
+        "--replicas=1",
+        "--as",
+        "oncall",
+    ];
+    let out = api.kubectl(ADMIN, &scale);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        replicas(&api, "bg-capi", "capi-controller-manager"),
+        (0, Some("2".into())),
+        "not in the group: pinned"
+    );
+    let out = api.kubectl(
+        ADMIN,
+        &[&scale[..], &["--as-group", "move-breakglass"]].concat(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(
+            "Warning: exempt from the move-window rule as a member of group \"move-breakglass\""
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        replicas(&api, "bg-capi", "capi-controller-manager").0,
+        1,
+        "the exempt scale went through"
+    );
+    assert!(
+        http_get(handoff.metrics_port, "/metrics").is_some_and(
+            |(_, m)| m.contains("handoff_exempt_requests_total{webhook=\"move-window\"} 1")
+        ),
+        "exempt counter"
+    );
+
+    // Back to enforce, no restart: held again.
+    write_cfg("enforce");
+    modes("sync-finalizer: enforce");
+    assert_held(
+        &api,
+        &["-n", "rollout", "delete", "configmap", "c"],
+        "rollout",
+    );
+    assert!(exists(&api, &["-n", "rollout", "configmap", "c"]));
 }

@@ -631,6 +631,61 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
     Ok(())
 }
 
+/// What `open` would do on each cluster, read without writing anything: the preflight, the
+/// window it would create or re-open, and each Deployment it would pin with the count it would
+/// save.
+pub async fn plan_open(
+    clusters: &[Cluster],
+    opts: &OpenOptions,
+    out: &mut dyn Write,
+) -> Result<()> {
+    for c in clusters {
+        let selector = selector_in_force(c, opts).await?;
+        let findings = preflight(c, &selector, &opts.own).await?;
+        let existing = Api::<MoveWindow>::all(c.client.clone())
+            .get_opt(&opts.name)
+            .await
+            .map_err(api_err(c, format!("reading MoveWindow {}", opts.name)))?;
+        let window = match &existing {
+            None => format!("would create MoveWindow {} (Open)", opts.name),
+            Some(w) if w.spec.is_open() => format!("MoveWindow {} is already open", opts.name),
+            Some(_) => format!("would re-open MoveWindow {}", opts.name),
+        };
+        let _ = writeln!(out, "{}: {window}, selecting {selector}", c.label);
+        for f in &findings {
+            let verdict = match opts.allow_webhook_outage {
+                true => "allowed by --allow-webhook-outage",
+                false => "open would refuse without --allow-webhook-outage",
+            };
+            let _ = writeln!(out, "{}: preflight: {f} ({verdict})", c.label);
+        }
+        let deployments = selected_deployments(c, &selector, &opts.own).await?;
+        if deployments.is_empty() {
+            let _ = writeln!(out, "{}: no Deployment matches {selector}", c.label);
+        }
+        for d in &deployments {
+            let (ns, name) = dep_key(d);
+            let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let annotation = d
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SAVED_REPLICAS_ANNOTATION));
+            let plan = match (replicas, annotation.map(|a| SavedReplicas::parse(a))) {
+                (0, Some(Some(s))) => format!("already pinned (restores to {s})"),
+                (0, Some(None)) => format!(
+                    "already at 0 with an unreadable {SAVED_REPLICAS_ANNOTATION} (close would restore 1)"
+                ),
+                (0, None) => "already at 0: would save 0".to_string(),
+                (n, _) => format!("would pin to 0 replicas, saving {n}"),
+            };
+            let _ = writeln!(out, "{}: {ns}/{name}: {plan}", c.label);
+        }
+    }
+    let _ = writeln!(out, "dry run: nothing was written");
+    Ok(())
+}
+
 /// The selector `open` will pin with on this cluster, read without writing anything.
 async fn selector_in_force(c: &Cluster, opts: &OpenOptions) -> Result<Selector> {
     let refused = |message: String| WindowError::Refused {

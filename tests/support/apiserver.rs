@@ -215,6 +215,13 @@ impl ApiServer {
             })
             .collect();
         write(d, "tokens.csv", &csv);
+        // Writes and deletes at Metadata level: where the API server records a webhook's audit
+        // annotations (`<webhook name>/<key>`), for tests to read.
+        write(
+            d,
+            "audit-policy.yaml",
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete, deletecollection]\n- level: None\n",
+        );
 
         let mut last_error = String::new();
         let (etcd, etcd_port) = (0..5)
@@ -281,6 +288,11 @@ impl ApiServer {
             "--disable-admission-plugins=ServiceAccount".into(),
             "--endpoint-reconciler-type=none".into(),
             "--allow-privileged=true".into(),
+            format!(
+                "--audit-policy-file={}",
+                d.join("audit-policy.yaml").display()
+            ),
+            format!("--audit-log-path={}", d.join("audit.log").display()),
         ])
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -423,6 +435,15 @@ impl ApiServer {
 
     pub fn log(&self) -> String {
         tail(&self.dir.path().join("kube-apiserver.log"))
+    }
+
+    /// The audit events recorded so far (`audit.k8s.io/v1` Event objects).
+    pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("audit.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 }
 
