@@ -302,16 +302,17 @@ fn review_shows_each_enforcement_mode_and_an_exemption() {
     let scale = examples.join("reviews/scale-capi-controller.json");
     let (guard_state, pin_state) = (fixtures_dir().join("state"), examples.join("state"));
     // (case, config, review, state, allowed, patched, warning starts with, decision)
-    let rows: &[(
-        &str,
-        &str,
-        &std::path::Path,
-        &std::path::Path,
+    type Row<'a> = (
+        &'a str,
+        &'a str,
+        &'a std::path::Path,
+        &'a std::path::Path,
         bool,
         bool,
-        Option<&str>,
-        &str,
-    )] = &[
+        Option<&'a str>,
+        &'a str,
+    );
+    let rows: &[Row] = &[
         (
             "guard enforce",
             "",
