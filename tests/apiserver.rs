@@ -786,9 +786,9 @@ fn warn_audit_and_break_glass_as_users_meet_them_and_back_to_enforce_without_a_r
     eventually("handoff sees the window", WAIT, || {
         (metric(&handoff, "handoff_open_move_windows") == Some(1.0)).then_some(())
     });
-    api.apply(&format!(
+    api.apply(
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: oncall\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\nsubjects:\n- kind: User\n  name: oncall\n"
-    ));
+    );
     let scale = [
         "-n",
         "bg-capi",
