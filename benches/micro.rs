@@ -61,26 +61,26 @@ fn held_meta(ids: &Identities) -> NamespaceMeta {
         (FINALIZER.to_string(), "glbc-migration".to_string()),
         ("kcp.io/namespace-locator".to_string(), LOCATOR.to_string()),
     ]);
-    NamespaceMeta::from_annotations(HELD_NS, Some(&annotations), ids)
+    NamespaceMeta::from_annotations(Some(&annotations), ids)
 }
 
-/// `n` namespaces as a cluster holds them: one synced and held kcp namespace in a hundred.
-fn namespaces(n: usize, ids: &Identities) -> Vec<NamespaceMeta> {
-    let mut out: Vec<NamespaceMeta> = (0..n)
+/// `n` namespaces as a physical cluster under kcp holds them: every one located, one in ten
+/// held (the held kcp namespace of the review among them).
+fn namespaces(n: usize, ids: &Identities) -> Vec<(String, NamespaceMeta)> {
+    let located = NamespaceMeta {
+        finalizers: None,
+        ..held_meta(ids)
+    };
+    let mut out: Vec<(String, NamespaceMeta)> = (0..n)
         .map(|i| {
-            if i % 100 == 0 {
-                let mut m = held_meta(ids);
-                m.name = format!("kcp-{i:012}");
-                m
-            } else {
-                NamespaceMeta {
-                    name: format!("team-{i}"),
-                    ..Default::default()
-                }
-            }
+            let meta = match i % 10 {
+                0 => held_meta(ids),
+                _ => located.clone(),
+            };
+            (format!("kcp-{i:012}"), meta)
         })
         .collect();
-    out.push(held_meta(ids));
+    out.push((HELD_NS.to_string(), held_meta(ids)));
     out
 }
 
@@ -96,7 +96,10 @@ fn ready<F: Future>(f: F) -> F::Output {
 fn example_state(n: usize) -> State {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/state");
     let state = State::from_dir(&dir, Identities::default()).expect("examples/state loads");
-    state.namespaces.replace_all(namespaces(n, &state.ids));
+    let all = namespaces(n, &state.ids);
+    state
+        .namespaces
+        .replace_all(all.iter().map(|(n, m)| (n.as_str(), m.clone())));
     state
 }
 
@@ -138,7 +141,7 @@ fn bench_guard(c: &mut Criterion) {
     });
     // The same syncer where nothing holds: still resolved, then allowed.
     let free = NamespaceMeta {
-        finalizers: vec![],
+        finalizers: None,
         ..meta.clone()
     };
     g.bench_function("decide-allow-unheld-namespace", |b| {
@@ -158,7 +161,8 @@ fn bench_guard(c: &mut Criterion) {
     });
     // The cache read in front of the decision, at 100,000 namespaces.
     let cache = NamespaceCache::default();
-    cache.replace_all(namespaces(100_000, &ids));
+    let all = namespaces(100_000, &ids);
+    cache.replace_all(all.iter().map(|(n, m)| (n.as_str(), m.clone())));
     g.bench_function("cache-lookup-and-decide-100k-namespaces", |b| {
         b.iter(|| {
             let d = DeleteRequest::from_review(black_box(&req)).unwrap();

@@ -67,7 +67,7 @@ async fn a_cache_miss_is_fetched_once_and_an_unreachable_api_fails_closed() {
     };
     for _ in 0..3 {
         match state.namespace("kcp-fresh").await.0 {
-            handoff::state::NamespaceLookup::Relevant(m) => assert_eq!(m.finalizers.len(), 1),
+            handoff::state::NamespaceLookup::Relevant(m) => assert_eq!(m.holds().len(), 1),
             other => panic!("{other:?}"),
         }
     }
@@ -156,13 +156,13 @@ async fn an_unproven_view_is_read_once_per_namespace_however_many_deletes_wait()
     state.client = Some(fake.client());
     state.max_staleness = Duration::ZERO;
     // Cached as "not held", by a watch that has gone quiet.
-    state.namespaces.replace_all([
+    state.namespaces.replace_all([(
+        NS,
         handoff::policy::sync_finalizer::NamespaceMeta::from_annotations(
-            NS,
             Some(&[("kcp.io/namespace-locator".to_string(), LOCATOR.to_string())].into()),
             &state.ids,
         ),
-    ]);
+    )]);
     let state = Arc::new(state);
     // The hold the quiet watch never delivered.
     fake.put(namespace(NS, true));

@@ -17,7 +17,6 @@ use handoff::policy::sync_finalizer::{
 };
 use libfuzzer_sys::fuzz_target;
 
-const NS: &str = "kcp-33jbiactwhg0";
 const KEY: &str = "6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g";
 const LOCATOR: &str = r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root:org:ws","namespace":"test"}"#;
 
@@ -33,7 +32,7 @@ fn meta(pairs: &[(&str, &str)]) -> NamespaceMeta {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    NamespaceMeta::from_annotations(NS, Some(&ann), &IDS)
+    NamespaceMeta::from_annotations(Some(&ann), &IDS)
 }
 
 static HELD: LazyLock<NamespaceMeta> = LazyLock::new(|| {
@@ -44,7 +43,7 @@ static HELD: LazyLock<NamespaceMeta> = LazyLock::new(|| {
             "glbc-migration",
         ),
     ]);
-    assert!(m.located.is_some() && m.finalizers.len() == 1, "{m:?}");
+    assert!(m.located.is_some() && m.holds().len() == 1, "{m:?}");
     m
 });
 
@@ -75,11 +74,7 @@ fuzz_target!(|data: &[u8]| {
     // Also a namespace whose annotations are the fuzzed object's own (for a Namespace delete,
     // what the cache would hold), so the fuzzer controls locators and finalizer values too.
     let from_object = req.old_object.as_ref().map(|o| {
-        NamespaceMeta::from_annotations(
-            del.namespace.unwrap_or(""),
-            o.metadata.annotations.as_ref(),
-            ids,
-        )
+        NamespaceMeta::from_annotations(o.metadata.annotations.as_ref(), ids)
     });
     let states = [
         Some(NamespaceState::Known(&HELD)),

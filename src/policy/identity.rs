@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
 
 use serde::Deserialize;
 use sha2::{Digest, Sha224};
@@ -233,7 +234,13 @@ pub struct Identities {
     schemes: Vec<KeyScheme>,
     finalizer_prefixes: Vec<String>,
     locator_keys: Vec<String>,
+    /// Each distinct locator's sync target, hashed once and shared by every namespace that
+    /// names it: a physical cluster under kcp has thousands of namespaces per sync target.
+    located: Arc<Mutex<HashMap<LocatorParts, Weak<Located>>>>,
 }
+
+/// What a locator's hashes depend on: the sync target's cluster (or the locator's), name, UID.
+type LocatorParts = (Box<str>, Box<str>, Box<str>);
 
 impl Default for Identities {
     fn default() -> Self {
@@ -257,6 +264,7 @@ impl Identities {
                 .iter()
                 .map(|d| format!("{d}/namespace-locator"))
                 .collect(),
+            located: Arc::default(),
         }
     }
 
@@ -337,6 +345,34 @@ impl Identities {
             id: syncer_id(&st.uid),
             target: self.target_for(cluster, &st.name, "kcp syncer convention"),
         }
+    }
+
+    /// `locate`, shared: namespaces whose locators name the same sync target (same cluster,
+    /// name and UID) get the same `Arc`, and the hashing is done once per sync target.
+    pub fn locate_shared(&self, loc: &NamespaceLocator) -> Arc<Located> {
+        let Some(st) = loc.sync_target.as_ref() else {
+            return Arc::new(self.locate(loc));
+        };
+        let cluster = match st.cluster.is_empty() {
+            true => loc.cluster.as_deref().unwrap_or(""),
+            false => st.cluster.as_str(),
+        };
+        let parts: LocatorParts = (
+            cluster.into(),
+            st.name.as_str().into(),
+            st.uid.as_str().into(),
+        );
+        let mut table = self.located.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = table.get(&parts).and_then(Weak::upgrade) {
+            return l;
+        }
+        let l = Arc::new(self.locate(loc));
+        // Forget sync targets no namespace names any more, now and then.
+        if table.len() >= 64 && table.len().is_power_of_two() {
+            table.retain(|_, w| w.strong_count() > 0);
+        }
+        table.insert(parts, Arc::downgrade(&l));
+        l
     }
 
     /// Resolve the requester against what the namespace's locator says (see `locate`).

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::admission::{AdmissionRequest, Operation};
 use crate::policy::identity::{Identities, Located, NamespaceLocator, Requester, SyncTarget};
@@ -15,14 +16,15 @@ pub struct SoftFinalizer {
     pub value: String,
 }
 
-/// What the guard keeps of a Namespace: its blocking sync finalizers and its locator. Nothing
-/// else, so that 100,000 namespaces cost little memory.
+/// What the guard keeps of a Namespace: its blocking sync finalizers and its locator, nothing
+/// else. Cloning it costs two reference counts; a namespace with a locator and no hold costs no
+/// allocation of its own (its sync target is shared, see `Identities::locate_shared`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NamespaceMeta {
-    pub name: String,
-    pub finalizers: Vec<SoftFinalizer>,
-    /// The namespace's locator, hashed once here instead of on every request.
-    pub located: Option<Located>,
+    /// `None` when nothing blocks (most namespaces).
+    pub finalizers: Option<Arc<[SoftFinalizer]>>,
+    /// The namespace's locator, hashed once per sync target instead of on every request.
+    pub located: Option<Arc<Located>>,
 }
 
 /// Blocking soft finalizers among `annotations`, as kcp reads them: any value but `""` blocks.
@@ -45,13 +47,13 @@ where
 
 impl NamespaceMeta {
     pub fn from_annotations(
-        name: &str,
         annotations: Option<&BTreeMap<String, String>>,
         ids: &Identities,
     ) -> Self {
         let finalizers = annotations
             .map(|a| blocking_finalizers(a, ids))
-            .unwrap_or_default();
+            .filter(|f| !f.is_empty())
+            .map(Arc::from);
         // The first configured domain whose locator parses wins; an unparsable locator is as
         // good as none, which leaves a syncer unresolved and so held wherever anything blocks.
         let locator = annotations.and_then(|a| {
@@ -61,15 +63,19 @@ impl NamespaceMeta {
                 .find_map(|v| serde_json::from_str::<NamespaceLocator>(v).ok())
         });
         NamespaceMeta {
-            name: name.to_string(),
             finalizers,
-            located: locator.map(|l| ids.locate(&l)),
+            located: locator.map(|l| ids.locate_shared(&l)),
         }
+    }
+
+    /// The blocking sync finalizers, empty when there are none.
+    pub fn holds(&self) -> &[SoftFinalizer] {
+        self.finalizers.as_deref().unwrap_or(&[])
     }
 
     /// Whether anything in this namespace is relevant to the guard at all.
     pub fn is_interesting(&self) -> bool {
-        !self.finalizers.is_empty() || self.located.is_some()
+        self.finalizers.is_some() || self.located.is_some()
     }
 }
 
@@ -259,9 +265,9 @@ fn decide_inner(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identitie
         .object_annotations
         .map(|a| blocking_finalizers(a, ids))
         .unwrap_or_default();
-    let ns_holds: &[SoftFinalizer] = meta.map(|m| m.finalizers.as_slice()).unwrap_or(&[]);
+    let ns_holds: &[SoftFinalizer] = meta.map(NamespaceMeta::holds).unwrap_or(&[]);
 
-    let target = match ids.resolve_located(req.username, meta.and_then(|m| m.located.as_ref())) {
+    let target = match ids.resolve_located(req.username, meta.and_then(|m| m.located.as_deref())) {
         Requester::NotSyncTarget => return Verdict::Allow(AllowReason::NotSyncTarget),
         Requester::SyncTarget(t) => t,
         Requester::UnresolvedSyncer { reason } => {
@@ -607,7 +613,7 @@ mod tests {
         let ids = ids();
         for r in rows {
             let ns_ann = r.ns_annotations.as_ref().map(|p| annotations(p));
-            let meta = NamespaceMeta::from_annotations("kcp-ns", ns_ann.as_ref(), &ids);
+            let meta = NamespaceMeta::from_annotations(ns_ann.as_ref(), &ids);
             let obj = annotations(&r.object_annotations);
             let req = DeleteRequest {
                 username: r.user,
@@ -648,7 +654,7 @@ mod tests {
                 value,
             ),
         ]);
-        let meta = NamespaceMeta::from_annotations(ns, Some(&ann), &ids);
+        let meta = NamespaceMeta::from_annotations(Some(&ann), &ids);
         let req = DeleteRequest {
             username: SYNCER,
             resource: "secrets".into(),
@@ -756,10 +762,10 @@ mod tests {
             ("finalizers.workload.example.com/C", "x"),
             ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
         ]);
-        let m = NamespaceMeta::from_annotations("n", Some(&ann), &ids);
-        assert_eq!(m.finalizers.len(), 1);
-        assert_eq!(m.finalizers[0].key, "A");
+        let m = NamespaceMeta::from_annotations(Some(&ann), &ids);
+        assert_eq!(m.holds().len(), 1);
+        assert_eq!(m.holds()[0].key, "A");
         assert!(m.located.is_none());
-        assert!(!NamespaceMeta::from_annotations("n", None, &ids).is_interesting());
+        assert!(!NamespaceMeta::from_annotations(None, &ids).is_interesting());
     }
 }

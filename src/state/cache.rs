@@ -1,7 +1,7 @@
 //! The one cache every watch feeds: what handoff keeps of one kind of object, by key.
 //!
-//! Written once for namespaces, MoveWindows and Deployments alike: a relist is collected aside
-//! and swapped in whole (a request never sees a half-empty cache), events update it in place, a
+//! Written once for namespaces, MoveWindows and Deployments alike: a relist updates it in place
+//! and sweeps out what it did not list (a request never sees a half-empty cache), events update it, a
 //! read on a miss fills it in without undoing a newer event, and the watch marks when it last
 //! proved the view current (DESIGN §1.3: a silently dead watch looks like a quiet cluster).
 
@@ -13,9 +13,15 @@ use std::sync::{LazyLock, RwLock};
 use std::time::{Duration, Instant};
 
 struct Inner<K, V> {
-    entries: HashMap<K, V>,
-    /// Filled during a relist, swapped in whole when it ends.
-    relist: Option<HashMap<K, V>>,
+    entries: HashMap<K, Slot<V>>,
+    /// The generation a relist in progress stamps on what it lists; `None` outside a relist.
+    relisting: Option<u32>,
+    generation: u32,
+}
+
+struct Slot<V> {
+    value: V,
+    generation: u32,
 }
 
 /// A projection of one kind of object: key → what the decisions read of it.
@@ -34,7 +40,8 @@ impl<K, V> Default for Projected<K, V> {
         Projected {
             inner: RwLock::new(Inner {
                 entries: HashMap::new(),
-                relist: None,
+                relisting: None,
+                generation: 0,
             }),
             synced: AtomicBool::new(false),
             proven: AtomicU64::new(0),
@@ -56,16 +63,23 @@ impl<K: Hash + Eq, V: Clone> Projected<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.read().entries.get(key).cloned()
+        self.read().entries.get(key).map(|s| s.value.clone())
     }
 
     pub fn upsert(&self, key: K, value: V) {
-        self.write().entries.insert(key, value);
+        let mut inner = self.write();
+        let generation = inner.generation;
+        inner.entries.insert(key, Slot { value, generation });
     }
 
     /// Insert unless the cache already has an entry: a read must not undo a newer event.
     pub fn insert_if_absent(&self, key: K, value: V) {
-        self.write().entries.entry(key).or_insert(value);
+        let mut inner = self.write();
+        let generation = inner.generation;
+        inner
+            .entries
+            .entry(key)
+            .or_insert(Slot { value, generation });
     }
 
     pub fn remove<Q>(&self, key: &Q)
@@ -76,25 +90,27 @@ impl<K: Hash + Eq, V: Clone> Projected<K, V> {
         self.write().entries.remove(key);
     }
 
-    /// A watch (re)started: collect the listing aside.
+    /// A watch (re)started and lists everything again. The listing updates the cache in place
+    /// and what it did not list is swept out when it ends: a request never sees a half-empty
+    /// cache (every entry is the old view or a newer one), and a relist costs no second copy
+    /// of the cache (DESIGN §4: memory grows with namespaces, not with relists).
     pub fn begin_relist(&self) {
-        self.write().relist = Some(HashMap::new());
+        let mut inner = self.write();
+        inner.generation = inner.generation.wrapping_add(1);
+        inner.relisting = Some(inner.generation);
     }
 
     pub fn relist_apply(&self, key: K, value: V) {
-        let mut inner = self.write();
-        match inner.relist.as_mut() {
-            Some(buf) => buf.insert(key, value),
-            None => inner.entries.insert(key, value),
-        };
+        self.upsert(key, value);
     }
 
-    /// The listing is complete: it replaces the cache, which counts as synced and current.
+    /// The listing is complete: what it did not list is gone, and the cache counts as synced
+    /// and current.
     pub fn end_relist(&self) {
         let mut inner = self.write();
-        if let Some(mut buf) = inner.relist.take() {
-            buf.shrink_to_fit();
-            inner.entries = buf;
+        if let Some(generation) = inner.relisting.take() {
+            inner.entries.retain(|_, s| s.generation == generation);
+            inner.entries.shrink_to_fit();
         }
         drop(inner);
         self.synced.store(true, Ordering::Release);
@@ -123,8 +139,11 @@ impl<K: Hash + Eq, V: Clone> Projected<K, V> {
     }
 
     /// Read every value under one lock (metrics, snapshots).
-    pub fn fold<R>(&self, init: R, f: impl FnMut(R, (&K, &V)) -> R) -> R {
-        self.read().entries.iter().fold(init, f)
+    pub fn fold<R>(&self, init: R, mut f: impl FnMut(R, (&K, &V)) -> R) -> R {
+        self.read()
+            .entries
+            .iter()
+            .fold(init, |acc, (k, s)| f(acc, (k, &s.value)))
     }
 
     /// The watch delivered something: the view is current as of now.
@@ -151,17 +170,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn relist_swaps_whole_marks_synced_and_proves() {
+    fn relist_sweeps_what_it_did_not_list_marks_synced_and_proves() {
         let c: Projected<Box<str>, u32> = Projected::default();
         assert!(!c.is_synced());
         assert_eq!(c.proven_ago(), None);
         c.upsert("old".into(), 1);
+        c.upsert("a".into(), 0);
         c.begin_relist();
         c.relist_apply("a".into(), 2);
+        // During the relist every entry is the old view or a newer one, never missing.
+        assert_eq!(
+            (c.get("old"), c.get("a"), c.get("b")),
+            (Some(1), Some(2), None)
+        );
         c.relist_apply("b".into(), 3);
-        // During the relist the old view still answers.
-        assert_eq!(c.get("old"), Some(1));
-        assert_eq!(c.get("a"), None);
         c.end_relist();
         assert!(c.is_synced());
         assert!(c.proven_ago().is_some());

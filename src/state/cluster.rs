@@ -62,20 +62,17 @@ where
 pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
     let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
     let meta = |o: &PartialObjectMeta<Namespace>| {
-        NamespaceMeta::from_annotations(
-            o.metadata.name.as_deref().unwrap_or_default(),
-            o.metadata.annotations.as_ref(),
-            &state.ids,
-        )
+        NamespaceMeta::from_annotations(o.metadata.annotations.as_ref(), &state.ids)
     };
+    let name = |o: &PartialObjectMeta<Namespace>| o.metadata.name.clone().unwrap_or_default();
     let cache = &state.namespaces;
     run(api, "namespaces", &state.health.namespaces, |ev| {
         match ev {
             Event::Init => return cache.begin_relist(),
-            // Goes into the relist's buffer: it proves nothing of the view requests read.
-            Event::InitApply(o) => return cache.relist_apply(meta(&o)),
+            // Part of a listing still under way: it proves nothing of the whole view yet.
+            Event::InitApply(o) => return cache.relist_apply(&name(&o), meta(&o)),
             Event::InitDone => cache.end_relist(),
-            Event::Apply(o) => cache.upsert(meta(&o)),
+            Event::Apply(o) => cache.upsert(&name(&o), meta(&o)),
             Event::Delete(o) => cache.remove(o.metadata.name.as_deref().unwrap_or_default()),
         }
         cache.prove();

@@ -25,7 +25,7 @@ use windows::{DeploymentCache, DeploymentMeta, WindowCache};
 /// What a decision learnt about a namespace; owned, so the request can hold it across awaits.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NamespaceLookup {
-    Relevant(Arc<NamespaceMeta>),
+    Relevant(NamespaceMeta),
     /// Exists and carries nothing the guard reads, or does not exist.
     Plain,
     Unavailable(String),
@@ -202,13 +202,13 @@ impl State {
                     if name.is_empty() {
                         anyhow::bail!("{}: Namespace has no metadata.name", doc.place());
                     }
-                    state
-                        .namespaces
-                        .relist_apply(NamespaceMeta::from_annotations(
-                            &name,
+                    state.namespaces.relist_apply(
+                        &name,
+                        NamespaceMeta::from_annotations(
                             ns.metadata.annotations.as_ref(),
                             &state.ids,
-                        ));
+                        ),
+                    );
                 }
                 "MoveWindow" => {
                     let w: MoveWindow = doc.parse()?;
@@ -320,11 +320,11 @@ impl State {
             Err(why) => NamespaceLookup::Unavailable(why),
             Ok(None) => NamespaceLookup::Plain,
             Ok(Some(annotations)) => {
-                let meta = NamespaceMeta::from_annotations(name, annotations.as_ref(), &self.ids);
+                let meta = NamespaceMeta::from_annotations(annotations.as_ref(), &self.ids);
                 // The watch may have delivered a newer view meanwhile: it wins.
-                self.namespaces.insert_if_absent(meta.clone());
+                self.namespaces.insert_if_absent(name, meta.clone());
                 if meta.is_interesting() {
-                    NamespaceLookup::Relevant(Arc::new(meta))
+                    NamespaceLookup::Relevant(meta)
                 } else {
                     NamespaceLookup::Plain
                 }

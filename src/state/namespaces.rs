@@ -4,15 +4,15 @@
 //! few annotations the guard reads, and shares nothing with the watch's buffers: at 100,000
 //! namespaces it costs a few MiB, where a reflector store of whole `ObjectMeta`s costs tens.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::cache::Projected;
 use crate::policy::sync_finalizer::NamespaceMeta;
 
-/// The guard's view of namespaces: name → what matters in its metadata (`None`: nothing).
+/// The guard's view of namespaces: name → what matters in its metadata (both parts `None`:
+/// nothing, which costs only the name).
 #[derive(Default)]
-pub struct NamespaceCache(Projected<Box<str>, Option<Arc<NamespaceMeta>>>);
+pub struct NamespaceCache(Projected<Box<str>, NamespaceMeta>);
 
 /// What the cache knows of one namespace.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,32 +21,25 @@ pub enum CacheEntry {
     Unknown,
     /// Present, and carrying nothing the guard reads.
     Plain,
-    Relevant(Arc<NamespaceMeta>),
-}
-
-fn entry(meta: NamespaceMeta) -> (Box<str>, Option<Arc<NamespaceMeta>>) {
-    let name: Box<str> = meta.name.as_str().into();
-    (name, meta.is_interesting().then(|| Arc::new(meta)))
+    Relevant(NamespaceMeta),
 }
 
 impl NamespaceCache {
     pub fn get(&self, name: &str) -> CacheEntry {
         match self.0.get(name) {
             None => CacheEntry::Unknown,
-            Some(None) => CacheEntry::Plain,
-            Some(Some(m)) => CacheEntry::Relevant(m),
+            Some(m) if !m.is_interesting() => CacheEntry::Plain,
+            Some(m) => CacheEntry::Relevant(m),
         }
     }
 
-    pub fn upsert(&self, meta: NamespaceMeta) {
-        let (k, v) = entry(meta);
-        self.0.upsert(k, v);
+    pub fn upsert(&self, name: &str, meta: NamespaceMeta) {
+        self.0.upsert(name.into(), meta);
     }
 
     /// Insert unless the cache already has an entry (a read must not undo a newer event).
-    pub fn insert_if_absent(&self, meta: NamespaceMeta) {
-        let (k, v) = entry(meta);
-        self.0.insert_if_absent(k, v);
+    pub fn insert_if_absent(&self, name: &str, meta: NamespaceMeta) {
+        self.0.insert_if_absent(name.into(), meta);
     }
 
     pub fn remove(&self, name: &str) {
@@ -57,9 +50,8 @@ impl NamespaceCache {
         self.0.begin_relist();
     }
 
-    pub fn relist_apply(&self, meta: NamespaceMeta) {
-        let (k, v) = entry(meta);
-        self.0.relist_apply(k, v);
+    pub fn relist_apply(&self, name: &str, meta: NamespaceMeta) {
+        self.0.relist_apply(name.into(), meta);
     }
 
     pub fn end_relist(&self) {
@@ -67,8 +59,9 @@ impl NamespaceCache {
     }
 
     /// Replace everything at once (state from files).
-    pub fn replace_all(&self, metas: impl IntoIterator<Item = NamespaceMeta>) {
-        self.0.replace_all(metas.into_iter().map(entry));
+    pub fn replace_all<'a>(&self, metas: impl IntoIterator<Item = (&'a str, NamespaceMeta)>) {
+        self.0
+            .replace_all(metas.into_iter().map(|(n, m)| (Box::from(n), m)));
     }
 
     pub fn is_synced(&self) -> bool {
@@ -95,45 +88,84 @@ impl NamespaceCache {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::policy::sync_finalizer::SoftFinalizer;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
 
-    fn meta(name: &str, held: bool) -> NamespaceMeta {
-        NamespaceMeta {
-            name: name.to_string(),
-            finalizers: if held {
-                vec![SoftFinalizer {
-                    annotation: "finalizers.workload.kcp.io/K".into(),
-                    key: "K".into(),
-                    value: "x".into(),
-                }]
-            } else {
-                vec![]
-            },
-            located: None,
+    use super::*;
+    use crate::policy::identity::Identities;
+
+    fn annotations(namespace: &str, held: bool) -> BTreeMap<String, String> {
+        let mut a = BTreeMap::from([(
+            "kcp.io/namespace-locator".to_string(),
+            format!(
+                r#"{{"syncTarget":{{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"}},"cluster":"root:org:ws","namespace":"{namespace}"}}"#
+            ),
+        )]);
+        if held {
+            a.insert(
+                "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g".into(),
+                "glbc".into(),
+            );
         }
+        a
     }
 
     #[test]
-    fn relist_swaps_whole_and_marks_synced() {
+    fn relist_updates_in_place_and_sweeps_what_it_did_not_list() {
+        let ids = Identities::default();
+        let meta = |held| NamespaceMeta::from_annotations(Some(&annotations("x", held)), &ids);
         let c = NamespaceCache::default();
         assert!(!c.is_synced());
-        c.upsert(meta("old", true));
+        c.upsert("old", meta(true));
         c.begin_relist();
-        c.relist_apply(meta("a", true));
-        c.relist_apply(meta("b", false));
+        c.relist_apply("a", meta(true));
+        c.relist_apply("b", NamespaceMeta::default());
         // During the relist the old view still answers.
         assert!(matches!(c.get("old"), CacheEntry::Relevant(_)));
-        assert_eq!(c.get("a"), CacheEntry::Unknown);
         c.end_relist();
         assert!(c.is_synced());
         assert_eq!(c.get("old"), CacheEntry::Unknown);
         assert!(matches!(c.get("a"), CacheEntry::Relevant(_)));
         assert_eq!(c.get("b"), CacheEntry::Plain);
         assert_eq!(c.len(), 2);
-        c.upsert(meta("a", false));
+        c.upsert("a", NamespaceMeta::default());
         assert_eq!(c.get("a"), CacheEntry::Plain);
         c.remove("a");
         assert_eq!(c.get("a"), CacheEntry::Unknown);
+    }
+
+    /// A physical cluster under kcp: thousands of namespaces, a handful of sync targets. Each
+    /// sync target is kept (and hashed) once, however many namespaces name it.
+    #[test]
+    fn ten_thousand_namespaces_of_one_sync_target_share_a_single_identity() {
+        let ids = Identities::default();
+        let c = NamespaceCache::default();
+        c.begin_relist();
+        for i in 0..10_000 {
+            let meta = NamespaceMeta::from_annotations(
+                Some(&annotations(&format!("ns-{i}"), i % 10 == 0)),
+                &ids,
+            );
+            c.relist_apply(&format!("kcp-{i}"), meta);
+        }
+        c.end_relist();
+        let located = |name: &str| match c.get(name) {
+            CacheEntry::Relevant(m) => m.located.expect("located"),
+            other => panic!("{name}: {other:?}"),
+        };
+        let first = located("kcp-0");
+        for i in 0..10_000 {
+            assert!(
+                Arc::ptr_eq(&first, &located(&format!("kcp-{i}"))),
+                "kcp-{i}"
+            );
+        }
+        // The cache's 10,000 references and `first`: nothing else holds one.
+        assert_eq!(Arc::strong_count(&first), 10_001);
+        // Only the held tenth carries finalizers of its own.
+        let held = (0..10_000)
+            .filter(|i| matches!(c.get(&format!("kcp-{i}")), CacheEntry::Relevant(m) if m.finalizers.is_some()))
+            .count();
+        assert_eq!(held, 1_000);
     }
 }
