@@ -10,3 +10,4 @@ pub mod server;
 pub mod state;
 pub mod webhook;
 pub mod window;
+pub mod yaml;

@@ -22,7 +22,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::Deserialize as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -135,8 +134,11 @@ fn copy_tree(from: &Path, to: &Path, skip: &Path) {
 /// Split kubectl's multi-document YAML and sort every object into its type.
 fn parse_all(text: &str, kustomization: &str) -> Rendered {
     let mut rendered = Rendered::default();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let mut value = Value::deserialize(doc)
+    for (i, doc) in handoff::yaml::documents(text) {
+        if handoff::yaml::is_empty(doc) {
+            continue;
+        }
+        let mut value: Value = handoff::yaml::from_str(doc)
             .unwrap_or_else(|e| panic!("manifests/{kustomization}: document {i}: {e}"));
         let api_version = value["apiVersion"].as_str().unwrap_or_default().to_owned();
         let kind = value["kind"].as_str().unwrap_or_default().to_owned();
@@ -1001,7 +1003,7 @@ fn base_includes_the_generated_crd_unchanged() {
     let build = build("base");
     let file = std::fs::read_to_string(build.manifests().join("base/movewindow-crd.yaml"))
         .expect("manifests/base/movewindow-crd.yaml");
-    let written: CustomResourceDefinition = serde_yaml::from_str(&file).expect("the CRD file");
+    let written: CustomResourceDefinition = handoff::yaml::from_str(&file).expect("the CRD file");
     let mut rendered = build.objects.crds[0].clone();
     // The only change kustomize makes: the common label.
     let labels = rendered.metadata.labels.take().unwrap_or_default();
