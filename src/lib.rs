@@ -4,7 +4,6 @@
 pub mod admission;
 pub mod certs;
 pub mod config;
-pub mod logfmt;
 pub mod policy;
 pub mod server;
 pub mod state;

@@ -241,15 +241,13 @@ fn duration(s: &str) -> Result<Duration, String> {
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let line = match format {
-        LogFormat::Json => handoff::logfmt::LogLine::json(),
-        LogFormat::Text => handoff::logfmt::LogLine::text(),
-    };
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .event_format(line)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
 }
 
 fn main() -> std::process::ExitCode {
