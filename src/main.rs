@@ -18,10 +18,18 @@ use handoff::state::State;
 use handoff::webhook::{self, Webhook};
 use handoff::{admission, certs};
 
+/// `handoff --version`: the crate's version and the commit it was built from (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("HANDOFF_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "handoff",
-    version,
+    version = VERSION,
     about = "Admission webhooks that keep workloads whole while they move between clusters"
 )]
 struct Cli {

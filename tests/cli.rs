@@ -251,3 +251,11 @@ fn bad_flags_and_files_stop_start_up_naming_the_problem() {
         assert!(err.contains(want), "{args:?}: {want:?} not in {err}");
     }
 }
+
+#[test]
+fn version_names_the_crate_version_and_the_commit() {
+    let (ok, out, err) = run(handoff().arg("--version"));
+    assert!(ok, "{err}");
+    let want = format!("handoff {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(out.starts_with(&want) && out.trim_end().ends_with(')'), "{out}");
+}
