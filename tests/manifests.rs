@@ -773,7 +773,8 @@ fn check_in_cluster(r: &Rendered) {
 
     assert_eq!(pod.containers.len(), 1);
     let c: &Container = &pod.containers[0];
-    assert_eq!(c.image.as_deref(), Some("handoff:latest"));
+    assert_eq!(c.image.as_deref(), Some(IMAGE.as_str()));
+    assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
     assert_eq!(
         c.args.as_deref().unwrap_or_default(),
         strings(&[
@@ -1149,5 +1150,74 @@ fn the_local_certificates_stay_out_of_the_source_tree() {
             .lines()
             .any(|l| l.trim() == "manifests/overlays/local/certs/"),
         ".gitignore must ignore manifests/overlays/local/certs/"
+    );
+}
+
+/// The released image, tagged with the crate's version: Cargo.toml is the one place to bump.
+static IMAGE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("{IMAGE_NAME}:{}", env!("CARGO_PKG_VERSION"))
+});
+const IMAGE_NAME: &str = "ghcr.io/handoff-dev/handoff";
+
+#[test]
+fn release_files_carry_the_crate_version() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let version = env!("CARGO_PKG_VERSION");
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l == format!("ARG VERSION={version}")),
+        "the Dockerfile's `ARG VERSION=` is not {version}"
+    );
+    for line in ["FROM scratch", "USER 65532:65532", r#"ENTRYPOINT ["/handoff"]"#] {
+        assert!(dockerfile.lines().any(|l| l == line), "Dockerfile: no {line:?}");
+    }
+    for label in ["source", "version", "licenses"] {
+        assert!(
+            dockerfile.contains(&format!("org.opencontainers.image.{label}=")),
+            "Dockerfile: no {label} label"
+        );
+    }
+    let krew: Value = handoff::yaml::from_str(
+        &std::fs::read_to_string(root.join("plugins/krew/handoff.yaml")).expect("krew manifest"),
+    )
+    .expect("the krew manifest parses");
+    assert_eq!(krew["apiVersion"], "krew.googlecontainertools.github.com/v1alpha2");
+    assert_eq!(krew["kind"], "Plugin");
+    assert_eq!(krew["spec"]["version"], format!("v{version}"));
+    let uri = krew["spec"]["platforms"][0]["uri"].as_str().unwrap_or_default();
+    assert!(uri.contains(&format!("/v{version}/")), "{uri}");
+}
+
+#[test]
+fn kustomize_images_points_the_deployment_at_another_registry() {
+    let build = build("base");
+    let overlay = build.root.path().join("private");
+    std::fs::create_dir_all(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources: [../manifests/base]\nimages:\n  - name: {IMAGE_NAME}\n    newName: registry.example.com/platform/handoff\n    newTag: 0.1.0-patched\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&overlay)
+        .output()
+        .expect("kubectl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let objects = parse_all(&text, "private");
+    let images: Vec<_> = objects
+        .deployments
+        .iter()
+        .flat_map(|d| d.spec.iter().flat_map(|s| s.template.spec.iter()))
+        .flat_map(|p| p.containers.iter().map(|c| c.image.clone()))
+        .collect();
+    assert_eq!(
+        images,
+        [Some("registry.example.com/platform/handoff:0.1.0-patched".to_string())]
     );
 }
