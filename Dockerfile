@@ -31,15 +31,18 @@ RUN touch src/main.rs src/lib.rs \
  && HANDOFF_GIT_COMMIT=${HANDOFF_GIT_COMMIT} \
     cargo build --release --locked --target x86_64-unknown-linux-musl \
  && cp target/x86_64-unknown-linux-musl/release/handoff /handoff \
+ && strip /handoff \
  && /handoff --version
 
 # ---- the image: nothing but the binary ---------------------------------------------------
 FROM scratch
 ARG VERSION
+ARG HANDOFF_GIT_COMMIT=unknown
 LABEL org.opencontainers.image.title="handoff" \
       org.opencontainers.image.description="Kubernetes admission webhooks that keep workloads whole while they move between clusters" \
       org.opencontainers.image.source="https://github.com/handoff-dev/handoff" \
       org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${HANDOFF_GIT_COMMIT}" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /handoff /handoff
 # The manifests run it as 65532 too (runAsNonRoot needs a numeric user: there is no
