@@ -555,6 +555,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         });
     }
     tracing::info!(
+        version = VERSION,
         listen = %a.listen,
         metrics_listen = ?a.metrics_listen,
         state = ?a.state.state,
