@@ -126,14 +126,21 @@ fn a_sync_targets_deletes_are_held_in_its_namespace_and_nobody_elses() {
     );
     assert_held(
         api,
-        &["delete", "--raw", &format!("/api/v1/namespaces/{ns}/configmaps")],
+        &[
+            "delete",
+            "--raw",
+            &format!("/api/v1/namespaces/{ns}/configmaps"),
+        ],
         ns,
     );
     // The namespace itself (its deletion would cascade past the hold).
     assert_held(api, &["delete", "namespace", ns, "--wait=false"], ns);
     assert!(exists(api, &["-n", ns, "configmap", "db-config"]));
     assert!(exists(api, &["-n", ns, "configmap", "cache-config"]));
-    let phase = api.ok(ADMIN, &["get", "namespace", ns, "-o", "jsonpath={.status.phase}"]);
+    let phase = api.ok(
+        ADMIN,
+        &["get", "namespace", ns, "-o", "jsonpath={.status.phase}"],
+    );
     assert_eq!(phase, "Active");
 
     // The admin is never held (and the matchCondition means handoff is not even asked).
@@ -156,7 +163,11 @@ fn a_sync_targets_deletes_are_held_in_its_namespace_and_nobody_elses() {
     });
     let (ok, err) = as_syncer(
         api,
-        &["delete", "--raw", &format!("/api/v1/namespaces/{ns}/configmaps")],
+        &[
+            "delete",
+            "--raw",
+            &format!("/api/v1/namespaces/{ns}/configmaps"),
+        ],
     );
     assert!(ok, "delete-collection after the hold was lifted: {err}");
     assert!(!exists(api, &["-n", ns, "configmap", "cache-config"]));
@@ -209,11 +220,9 @@ fn app_deployment(ns: &str, name: &str, replicas: i64) -> String {
 
 /// `(spec.replicas, the saved-count annotation)` of a Deployment.
 fn replicas(api: &ApiServer, ns: &str, name: &str) -> (i64, Option<String>) {
-    let d: Value = serde_json::from_str(&api.ok(
-        ADMIN,
-        &["-n", ns, "get", "deployment", name, "-o", "json"],
-    ))
-    .expect("json");
+    let d: Value =
+        serde_json::from_str(&api.ok(ADMIN, &["-n", ns, "get", "deployment", name, "-o", "json"]))
+            .expect("json");
     (
         d["spec"]["replicas"].as_i64().expect("replicas"),
         d["metadata"]["annotations"][SAVED]
@@ -352,7 +361,14 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
     // An application is never touched.
     api.ok(
         ADMIN,
-        &["-n", "pin-app", "scale", "deployment", "web", "--replicas=3"],
+        &[
+            "-n",
+            "pin-app",
+            "scale",
+            "deployment",
+            "web",
+            "--replicas=3",
+        ],
     );
     assert_eq!(replicas(api, "pin-app", "web"), (3, None));
 
@@ -463,7 +479,11 @@ fn without_rights_to_movewindows_the_guard_still_holds_and_apps_scale() {
     });
     held_namespace(&api, "narrow", SYNC_TARGET_KEY);
     configmaps(&api, "narrow", &["c"]);
-    assert_held(&api, &["-n", "narrow", "delete", "configmap", "c"], "narrow");
+    assert_held(
+        &api,
+        &["-n", "narrow", "delete", "configmap", "c"],
+        "narrow",
+    );
     api.ok(ADMIN, &["-n", "narrow", "delete", "configmap", "c"]);
 
     // An application's scale-up is none of the pin's business, whatever handoff cannot read.
@@ -503,9 +523,11 @@ fn a_crd_installed_after_start_up_is_picked_up() {
             .split("\n---\n")
             .partition(|doc| doc.contains("kind: CustomResourceDefinition"));
         api.apply(&rest.join("\n---\n"));
-        eventually("the movewindows watch fails for want of the CRD", WAIT, || {
-            handoff.log().contains("watch failed").then_some(())
-        });
+        eventually(
+            "the movewindows watch fails for want of the CRD",
+            WAIT,
+            || handoff.log().contains("watch failed").then_some(()),
+        );
         api.apply(&crd.join("\n---\n"));
         api.ok(
             ADMIN,
@@ -515,13 +537,17 @@ fn a_crd_installed_after_start_up_is_picked_up() {
                 "crd/movewindows.handoff.dev",
             ],
         );
-        eventually("handoff lists MoveWindows once the CRD exists", WAIT * 3, || {
-            handoff
-                .log()
-                .lines()
-                .any(|l| l.contains("cache synced") && l.contains("movewindows"))
-                .then_some(())
-        });
+        eventually(
+            "handoff lists MoveWindows once the CRD exists",
+            WAIT * 3,
+            || {
+                handoff
+                    .log()
+                    .lines()
+                    .any(|l| l.contains("cache synced") && l.contains("movewindows"))
+                    .then_some(())
+            },
+        );
         (handoff, rendered)
     };
     let (mut handoff, _) = rendered;

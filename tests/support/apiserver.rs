@@ -56,7 +56,9 @@ pub fn assets() -> Option<PathBuf> {
     }
     static SAID: OnceLock<()> = OnceLock::new();
     SAID.get_or_init(|| {
-        eprintln!("skipped: the real-API-server tests need etcd and kube-apiserver ({missing}); {how}");
+        eprintln!(
+            "skipped: the real-API-server tests need etcd and kube-apiserver ({missing}); {how}"
+        );
     });
     None
 }
@@ -259,7 +261,10 @@ impl ApiServer {
             "--advertise-address=127.0.0.1".into(),
             format!("--cert-dir={}", d.display()),
             format!("--tls-cert-file={}", d.join("apiserver.crt").display()),
-            format!("--tls-private-key-file={}", d.join("apiserver.key").display()),
+            format!(
+                "--tls-private-key-file={}",
+                d.join("apiserver.key").display()
+            ),
             format!("--client-ca-file={}", d.join("ca.crt").display()),
             format!("--token-auth-file={}", d.join("tokens.csv").display()),
             "--authorization-mode=RBAC".into(),
@@ -437,13 +442,17 @@ fn start_etcd(assets: &Path, d: &Path, port: u16) -> Result<Child, String> {
                 tail(&d.join("etcd.log"))
             ));
         }
-        if http_get(port, "/health").is_some_and(|(code, body)| code == 200 && body.contains("true"))
+        if http_get(port, "/health")
+            .is_some_and(|(code, body)| code == 200 && body.contains("true"))
         {
             return Ok(child);
         }
         if Instant::now() > deadline {
             stop(&mut child);
-            return Err(format!("etcd: no /health within 30 s:\n{}", tail(&d.join("etcd.log"))));
+            return Err(format!(
+                "etcd: no /health within 30 s:\n{}",
+                tail(&d.join("etcd.log"))
+            ));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -1,3 +1,3 @@
+pub mod apiserver;
 pub mod fake_api;
 pub mod https;
-pub mod apiserver;
