@@ -378,14 +378,32 @@ async fn window(a: WindowArgs) -> anyhow::Result<()> {
     };
     let clusters = match (&a.source, &a.target) {
         (Some(s), Some(t)) => vec![
-            connect("source", Some(s), a.source_context.as_deref(), Some(MoveRole::Source))
-                .await
-                .context("--source")?,
-            connect("target", Some(t), a.target_context.as_deref(), Some(MoveRole::Target))
-                .await
-                .context("--target")?,
+            connect(
+                "source",
+                Some(s),
+                a.source_context.as_deref(),
+                Some(MoveRole::Source),
+            )
+            .await
+            .context("--source")?,
+            connect(
+                "target",
+                Some(t),
+                a.target_context.as_deref(),
+                Some(MoveRole::Target),
+            )
+            .await
+            .context("--target")?,
         ],
-        _ => vec![connect("cluster", a.kubeconfig.as_deref(), a.context.as_deref(), None).await?],
+        _ => vec![
+            connect(
+                "cluster",
+                a.kubeconfig.as_deref(),
+                a.context.as_deref(),
+                None,
+            )
+            .await?,
+        ],
     };
     // An API error names the server it could not reach, so that a user with several
     // kubeconfigs sees which one was used.

@@ -257,7 +257,10 @@ fn version_names_the_crate_version_and_the_commit() {
     let (ok, out, err) = run(handoff().arg("--version"));
     assert!(ok, "{err}");
     let want = format!("handoff {} (commit ", env!("CARGO_PKG_VERSION"));
-    assert!(out.starts_with(&want) && out.trim_end().ends_with(')'), "{out}");
+    assert!(
+        out.starts_with(&want) && out.trim_end().ends_with(')'),
+        "{out}"
+    );
 }
 
 /// kubectl runs `kubectl handoff ...` as `kubectl-handoff ...` found on PATH.
@@ -296,7 +299,10 @@ fn as_a_kubectl_plugin_it_is_named_kubectl_handoff() {
     assert!(out.contains("Usage: kubectl handoff "), "{out}");
     let (ok, out, err) = run(kubectl_plugin(dir.path()).args(["window", "status", "--help"]));
     assert!(ok, "{err}");
-    assert!(out.contains("Usage: kubectl handoff window status "), "{out}");
+    assert!(
+        out.contains("Usage: kubectl handoff window status "),
+        "{out}"
+    );
     // Run as itself, it is still `handoff`.
     let (_, out, _) = run(handoff().arg("--help"));
     assert!(out.contains("Usage: handoff "), "{out}");
@@ -322,9 +328,12 @@ fn kubeconfig_lists_several_files_and_the_first_to_set_an_entry_wins() {
         err.contains(&format!("API server https://127.0.0.1:{far}/")),
         "{err}"
     );
-    let (ok, _, err) = run(kubectl_plugin(dir.path())
-        .env("KUBECONFIG", &list)
-        .args(["window", "status", "--context", "near"]));
+    let (ok, _, err) = run(kubectl_plugin(dir.path()).env("KUBECONFIG", &list).args([
+        "window",
+        "status",
+        "--context",
+        "near",
+    ]));
     assert!(!ok);
     assert!(
         err.contains(&format!("API server https://127.0.0.1:{near}/")),

@@ -23,13 +23,19 @@ fn free_port() -> u16 {
 }
 
 fn example(path: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(path)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(path)
 }
 
 /// `handoff serve --state examples/state` on a loopback port; the reviews in `users` (one per
 /// username, the README's syncer DELETE otherwise unchanged) are sent, then the process is
 /// stopped and its stderr returned with the verdicts.
-async fn serve_and_log(format: &str, rust_log: Option<&str>, users: &[&str]) -> (String, Vec<bool>) {
+async fn serve_and_log(
+    format: &str,
+    rust_log: Option<&str>,
+    users: &[&str],
+) -> (String, Vec<bool>) {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("logs CA", 1).unwrap();
     let (cert, key) = ca
@@ -85,10 +91,7 @@ async fn serve_and_log(format: &str, rust_log: Option<&str>, users: &[&str]) -> 
         r["request"]["userInfo"]["username"] = (*user).into();
         r["request"]["uid"] = format!("log-{i}").into();
         let reply = client
-            .review(
-                "/validate/sync-finalizer",
-                serde_json::to_vec(&r).unwrap(),
-            )
+            .review("/validate/sync-finalizer", serde_json::to_vec(&r).unwrap())
             .await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         allowed.push(reply.json()["response"]["allowed"] == true);
@@ -102,7 +105,9 @@ async fn serve_and_log(format: &str, rust_log: Option<&str>, users: &[&str]) -> 
 }
 
 fn decision_lines(log: &str) -> Vec<&str> {
-    log.lines().filter(|l| l.contains("handoff::decision")).collect()
+    log.lines()
+        .filter(|l| l.contains("handoff::decision"))
+        .collect()
 }
 
 /// A username that, printed raw, would end the line and start a forged allow, twice over.
@@ -110,8 +115,12 @@ const FORGER: &str = "system:serviceaccount:kcp-syncer-us-west1-1nuzj7pw:kcp-syn
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_lines_parse_and_a_forged_username_stays_on_one_line() {
-    let (log, allowed) =
-        serve_and_log("json", Some("info,handoff::decision=debug"), &[SYNCER, FORGER, "admin"]).await;
+    let (log, allowed) = serve_and_log(
+        "json",
+        Some("info,handoff::decision=debug"),
+        &[SYNCER, FORGER, "admin"],
+    )
+    .await;
     assert_eq!(allowed, [false, true, true]);
     for line in log.lines() {
         assert!(!line.contains('\u{2028}'), "a raw U+2028 in {line:?}");
@@ -135,7 +144,10 @@ async fn json_lines_parse_and_a_forged_username_stays_on_one_line() {
     );
     // The forged username arrives escaped, as one value of one event.
     let user = decisions[1]["user"].as_str().unwrap();
-    assert!(user.contains("\\n2026-11-30") && user.contains("\\u{2028}"), "{user}");
+    assert!(
+        user.contains("\\n2026-11-30") && user.contains("\\u{2028}"),
+        "{user}"
+    );
     assert_eq!(decisions[1]["verdict"], "allow");
     assert_eq!(decisions[2]["verdict"], "allow");
     assert_eq!(decisions[2]["level"], "DEBUG");
@@ -148,8 +160,16 @@ async fn text_lines_log_denials_at_info_allows_at_debug_and_cannot_be_forged() {
     assert_eq!(allowed, [false, true]);
     let lines = decision_lines(&log);
     assert_eq!(lines.len(), 1, "{log}");
-    assert!(lines[0].contains(" INFO handoff::decision: decision "), "{}", lines[0]);
-    assert!(lines[0].contains(&format!("user=\"{SYNCER}\"")), "{}", lines[0]);
+    assert!(
+        lines[0].contains(" INFO handoff::decision: decision "),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains(&format!("user=\"{SYNCER}\"")),
+        "{}",
+        lines[0]
+    );
     assert!(lines[0].contains("verdict=\"deny\""), "{}", lines[0]);
 
     let (log, allowed) =
@@ -158,7 +178,11 @@ async fn text_lines_log_denials_at_info_allows_at_debug_and_cannot_be_forged() {
     assert!(!log.contains('\u{2028}'), "{log}");
     let lines = decision_lines(&log);
     assert_eq!(lines.len(), 1, "{log}");
-    assert!(lines[0].contains(" DEBUG handoff::decision: decision "), "{}", lines[0]);
+    assert!(
+        lines[0].contains(" DEBUG handoff::decision: decision "),
+        "{}",
+        lines[0]
+    );
     // The forged username is quoted and escaped inside the one line of the allow.
     assert!(
         lines[0].contains("\\\\n2026-11-30") && lines[0].contains("\\\\u{2028}"),

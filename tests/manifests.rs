@@ -1154,9 +1154,8 @@ fn the_local_certificates_stay_out_of_the_source_tree() {
 }
 
 /// The released image, tagged with the crate's version: Cargo.toml is the one place to bump.
-static IMAGE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!("{IMAGE_NAME}:{}", env!("CARGO_PKG_VERSION"))
-});
+static IMAGE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{IMAGE_NAME}:{}", env!("CARGO_PKG_VERSION")));
 const IMAGE_NAME: &str = "ghcr.io/handoff-dev/handoff";
 
 #[test]
@@ -1170,8 +1169,15 @@ fn release_files_carry_the_crate_version() {
             .any(|l| l == format!("ARG VERSION={version}")),
         "the Dockerfile's `ARG VERSION=` is not {version}"
     );
-    for line in ["FROM scratch", "USER 65532:65532", r#"ENTRYPOINT ["/handoff"]"#] {
-        assert!(dockerfile.lines().any(|l| l == line), "Dockerfile: no {line:?}");
+    for line in [
+        "FROM scratch",
+        "USER 65532:65532",
+        r#"ENTRYPOINT ["/handoff"]"#,
+    ] {
+        assert!(
+            dockerfile.lines().any(|l| l == line),
+            "Dockerfile: no {line:?}"
+        );
     }
     for label in ["source", "version", "licenses"] {
         assert!(
@@ -1183,10 +1189,15 @@ fn release_files_carry_the_crate_version() {
         &std::fs::read_to_string(root.join("plugins/krew/handoff.yaml")).expect("krew manifest"),
     )
     .expect("the krew manifest parses");
-    assert_eq!(krew["apiVersion"], "krew.googlecontainertools.github.com/v1alpha2");
+    assert_eq!(
+        krew["apiVersion"],
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
     assert_eq!(krew["kind"], "Plugin");
     assert_eq!(krew["spec"]["version"], format!("v{version}"));
-    let uri = krew["spec"]["platforms"][0]["uri"].as_str().unwrap_or_default();
+    let uri = krew["spec"]["platforms"][0]["uri"]
+        .as_str()
+        .unwrap_or_default();
     assert!(uri.contains(&format!("/v{version}/")), "{uri}");
 }
 
@@ -1207,7 +1218,11 @@ fn kustomize_images_points_the_deployment_at_another_registry() {
         .arg(&overlay)
         .output()
         .expect("kubectl");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let objects = parse_all(&text, "private");
     let images: Vec<_> = objects
@@ -1218,6 +1233,8 @@ fn kustomize_images_points_the_deployment_at_another_registry() {
         .collect();
     assert_eq!(
         images,
-        [Some("registry.example.com/platform/handoff:0.1.0-patched".to_string())]
+        [Some(
+            "registry.example.com/platform/handoff:0.1.0-patched".to_string()
+        )]
     );
 }

@@ -331,7 +331,12 @@ async fn admit_inner(
 ) -> (Response, &'static str, &'static str) {
     let start = Instant::now();
     let bad = |code: StatusCode, msg: String| {
-        tracing::warn!(webhook = webhook.as_str(), code = code.as_u16(), error = &*crate::policy::one_line_str(&msg), "bad admission request");
+        tracing::warn!(
+            webhook = webhook.as_str(),
+            code = code.as_u16(),
+            error = &*crate::policy::one_line_str(&msg),
+            "bad admission request"
+        );
         (plain(code, msg), "", "error")
     };
     let content_type = headers
