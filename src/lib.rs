@@ -4,10 +4,10 @@
 pub mod admission;
 pub mod certs;
 pub mod config;
-pub mod logfmt;
 pub mod policy;
 pub mod resources;
 pub mod server;
 pub mod state;
 pub mod webhook;
 pub mod window;
+pub mod yaml;

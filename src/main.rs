@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
 use handoff::config::ConfigFile;
 use handoff::policy::move_window::OwnDeployment;
@@ -18,10 +18,18 @@ use handoff::state::State;
 use handoff::webhook::{self, Webhook};
 use handoff::{admission, certs};
 
+/// `handoff --version`: the crate's version and the commit it was built from (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("HANDOFF_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "handoff",
-    version,
+    version = VERSION,
     about = "Admission webhooks that keep workloads whole while they move between clusters"
 )]
 struct Cli {
@@ -258,19 +266,31 @@ fn duration(s: &str) -> Result<Duration, String> {
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let line = match format {
-        LogFormat::Json => handoff::logfmt::LogLine::json(),
-        LogFormat::Text => handoff::logfmt::LogLine::text(),
-    };
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .event_format(line)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// The command line, named as it was invoked: kubectl runs a plugin as `kubectl-handoff`
+/// (the binary, or a symlink to it, on PATH), and its users type `kubectl handoff`.
+fn parse_cli() -> Cli {
+    let invoked_as = std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()));
+    let mut cmd = Cli::command();
+    if invoked_as.as_deref() == Some("kubectl-handoff") {
+        cmd = cmd.name("kubectl handoff").bin_name("kubectl handoff");
+    }
+    Cli::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -304,13 +324,18 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn kube_client(args: &StateArgs) -> anyhow::Result<kube::Client> {
-    client_for(args.kubeconfig.as_deref(), args.context.as_deref()).await
+    let (client, _) = client_for(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    Ok(client)
 }
 
+/// A client as kubectl would pick its cluster: `--kubeconfig` alone when given, else every
+/// file in `$KUBECONFIG` merged (kube's `Kubeconfig::read`: the first file to set an entry or
+/// `current-context` wins), else `~/.kube/config`, else in-cluster; `--context` picks the
+/// context. Also returns the API server's URL, for error messages.
 async fn client_for(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
-) -> anyhow::Result<kube::Client> {
+) -> anyhow::Result<(kube::Client, String)> {
     let args = KubeArgs {
         kubeconfig: kubeconfig.map(PathBuf::from),
         context: context.map(str::to_string),
@@ -340,7 +365,9 @@ async fn client_for(
             .await
             .context("no cluster found (not in a cluster, no kubeconfig); pass --kubeconfig")?,
     };
-    kube::Client::try_from(config).context("cannot build a Kubernetes client")
+    let server = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    Ok((client, server))
 }
 
 /// Build the state and, for a cluster, the client whose watches must be started.
@@ -351,32 +378,78 @@ struct KubeArgs {
 
 async fn window(a: WindowArgs) -> anyhow::Result<()> {
     use handoff::resources::move_window::MoveRole;
-    use handoff::window::ops::{self, Cluster};
+    use handoff::window::ops::{Cluster, WindowError};
+    let mut servers = Vec::new();
+    let mut connect = async |label: &str,
+                             kubeconfig: Option<&std::path::Path>,
+                             context: Option<&str>,
+                             role: Option<MoveRole>|
+           -> anyhow::Result<Cluster> {
+        let (client, server) = client_for(kubeconfig, context).await?;
+        servers.push((label.to_string(), server));
+        Ok(Cluster {
+            label: label.into(),
+            client,
+            role,
+        })
+    };
     let clusters = match (&a.source, &a.target) {
         (Some(s), Some(t)) => vec![
-            Cluster {
-                label: "source".into(),
-                client: client_for(Some(s), a.source_context.as_deref())
-                    .await
-                    .context("--source")?,
-                role: Some(MoveRole::Source),
-            },
-            Cluster {
-                label: "target".into(),
-                client: client_for(Some(t), a.target_context.as_deref())
-                    .await
-                    .context("--target")?,
-                role: Some(MoveRole::Target),
-            },
+            connect(
+                "source",
+                Some(s),
+                a.source_context.as_deref(),
+                Some(MoveRole::Source),
+            )
+            .await
+            .context("--source")?,
+            connect(
+                "target",
+                Some(t),
+                a.target_context.as_deref(),
+                Some(MoveRole::Target),
+            )
+            .await
+            .context("--target")?,
         ],
-        _ => vec![Cluster {
-            label: "cluster".into(),
-            client: client_for(a.kubeconfig.as_deref(), a.context.as_deref()).await?,
-            role: None,
-        }],
+        _ => vec![
+            connect(
+                "cluster",
+                a.kubeconfig.as_deref(),
+                a.context.as_deref(),
+                None,
+            )
+            .await?,
+        ],
     };
+    // An API error names the server it could not reach, so that a user with several
+    // kubeconfigs sees which one was used.
+    let name_server = |e: anyhow::Error| {
+        let server = match e.downcast_ref::<WindowError>() {
+            Some(WindowError::Api { cluster, .. }) => servers
+                .iter()
+                .find(|(label, _)| label == cluster)
+                .map(|(label, url)| format!("API server {url} ({label})")),
+            _ => None,
+        };
+        match server {
+            Some(s) => e.context(s),
+            None => e,
+        }
+    };
+    window_command(a.command, clusters, a.own_deployment)
+        .await
+        .map_err(name_server)
+}
+
+async fn window_command(
+    command: WindowCommand,
+    clusters: Vec<handoff::window::ops::Cluster>,
+    own_deployment: OwnDeployment,
+) -> anyhow::Result<()> {
+    use handoff::window::ops;
     let mut out = std::io::stderr();
-    match a.command {
+    match command {
         WindowCommand::Open {
             name,
             selector,
@@ -392,7 +465,7 @@ async fn window(a: WindowArgs) -> anyhow::Result<()> {
                 allow_webhook_outage,
                 wait_timeout,
                 poll: Duration::from_secs(2),
-                own: a.own_deployment,
+                own: own_deployment,
             };
             if dry_run {
                 ops::plan_open(&clusters, &opts, &mut std::io::stdout()).await?;
@@ -416,7 +489,7 @@ async fn window(a: WindowArgs) -> anyhow::Result<()> {
             ops::close(&ordered, &opts, &mut out).await?;
         }
         WindowCommand::Status { name, output } => {
-            let views = ops::status(&clusters, name.as_deref(), &a.own_deployment).await?;
+            let views = ops::status(&clusters, name.as_deref(), &own_deployment).await?;
             match output {
                 Output::Table => print!("{}", ops::render_table(&views)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
@@ -541,6 +614,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         });
     }
     tracing::info!(
+        version = VERSION,
         listen = %a.listen,
         metrics_listen = ?a.metrics_listen,
         state = ?a.state.state,

@@ -441,3 +441,102 @@ fn review_shows_each_enforcement_mode_and_an_exemption() {
         assert!(!ok && err.contains(field), "{cfg}: {err}");
     }
 }
+
+#[test]
+fn version_names_the_crate_version_and_the_commit() {
+    let (ok, out, err) = run(handoff().arg("--version"));
+    assert!(ok, "{err}");
+    let want = format!("handoff {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(
+        out.starts_with(&want) && out.trim_end().ends_with(')'),
+        "{out}"
+    );
+}
+
+/// kubectl runs `kubectl handoff ...` as `kubectl-handoff ...` found on PATH.
+fn kubectl_plugin(dir: &std::path::Path) -> Command {
+    let link = dir.join("kubectl-handoff");
+    if !link.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_handoff"), &link).unwrap();
+    }
+    let mut cmd = Command::new(link);
+    cmd.env_remove("KUBECONFIG").env("HOME", dir);
+    cmd
+}
+
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn kubeconfig(current: Option<&str>, context: &str, port: u16) -> String {
+    let current = current
+        .map(|c| format!("current-context: {c}\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Config\n{current}contexts:\n- name: {context}\n  context: {{cluster: {context}, user: {context}}}\nclusters:\n- name: {context}\n  cluster: {{server: \"https://127.0.0.1:{port}\"}}\nusers:\n- name: {context}\n  user: {{token: t-{context}}}\n"
+    )
+}
+
+#[test]
+fn as_a_kubectl_plugin_it_is_named_kubectl_handoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = run(kubectl_plugin(dir.path()).arg("--help"));
+    assert!(ok, "{err}");
+    assert!(out.contains("Usage: kubectl handoff "), "{out}");
+    let (ok, out, err) = run(kubectl_plugin(dir.path()).args(["window", "status", "--help"]));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("Usage: kubectl handoff window status "),
+        "{out}"
+    );
+    // Run as itself, it is still `handoff`.
+    let (_, out, _) = run(handoff().arg("--help"));
+    assert!(out.contains("Usage: handoff "), "{out}");
+}
+
+#[test]
+fn kubeconfig_lists_several_files_and_the_first_to_set_an_entry_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let (near, far) = (closed_port(), closed_port());
+    // a sets current-context to a context that only b defines; b's own current-context
+    // loses, as in kubectl.
+    let a = dir.path().join("a.yaml");
+    let b = dir.path().join("b.yaml");
+    std::fs::write(&a, kubeconfig(Some("far"), "near", near)).unwrap();
+    std::fs::write(&b, kubeconfig(Some("near"), "far", far)).unwrap();
+    let list = std::env::join_paths([&a, &b]).unwrap();
+
+    let (ok, _, err) = run(kubectl_plugin(dir.path())
+        .env("KUBECONFIG", &list)
+        .args(["window", "status"]));
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("API server https://127.0.0.1:{far}/")),
+        "{err}"
+    );
+    let (ok, _, err) = run(kubectl_plugin(dir.path()).env("KUBECONFIG", &list).args([
+        "window",
+        "status",
+        "--context",
+        "near",
+    ]));
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("API server https://127.0.0.1:{near}/")),
+        "{err}"
+    );
+    // --kubeconfig reads that file alone, as kubectl does.
+    let (ok, _, err) = run(kubectl_plugin(dir.path())
+        .env("KUBECONFIG", &list)
+        .args(["window", "status", "--context", "far", "--kubeconfig"])
+        .arg(&b));
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("API server https://127.0.0.1:{far}/")),
+        "{err}"
+    );
+}

@@ -58,6 +58,8 @@ async fn sigterm_under_load_answers_every_accepted_request() {
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_handoff"))
         .args(["--log-format", "json", "serve"])
+        // These decisions are allows, which are logged at debug.
+        .env("RUST_LOG", "info,handoff::decision=debug")
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
         .arg("--kubeconfig")

@@ -22,7 +22,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::Deserialize as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -135,8 +134,11 @@ fn copy_tree(from: &Path, to: &Path, skip: &Path) {
 /// Split kubectl's multi-document YAML and sort every object into its type.
 fn parse_all(text: &str, kustomization: &str) -> Rendered {
     let mut rendered = Rendered::default();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let mut value = Value::deserialize(doc)
+    for (i, doc) in handoff::yaml::documents(text) {
+        if handoff::yaml::is_empty(doc) {
+            continue;
+        }
+        let mut value: Value = handoff::yaml::from_str(doc)
             .unwrap_or_else(|e| panic!("manifests/{kustomization}: document {i}: {e}"));
         let api_version = value["apiVersion"].as_str().unwrap_or_default().to_owned();
         let kind = value["kind"].as_str().unwrap_or_default().to_owned();
@@ -771,7 +773,8 @@ fn check_in_cluster(r: &Rendered) {
 
     assert_eq!(pod.containers.len(), 1);
     let c: &Container = &pod.containers[0];
-    assert_eq!(c.image.as_deref(), Some("handoff:latest"));
+    assert_eq!(c.image.as_deref(), Some(IMAGE.as_str()));
+    assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
     assert_eq!(
         c.args.as_deref().unwrap_or_default(),
         strings(&[
@@ -1001,7 +1004,7 @@ fn base_includes_the_generated_crd_unchanged() {
     let build = build("base");
     let file = std::fs::read_to_string(build.manifests().join("base/movewindow-crd.yaml"))
         .expect("manifests/base/movewindow-crd.yaml");
-    let written: CustomResourceDefinition = serde_yaml::from_str(&file).expect("the CRD file");
+    let written: CustomResourceDefinition = handoff::yaml::from_str(&file).expect("the CRD file");
     let mut rendered = build.objects.crds[0].clone();
     // The only change kustomize makes: the common label.
     let labels = rendered.metadata.labels.take().unwrap_or_default();
@@ -1147,5 +1150,91 @@ fn the_local_certificates_stay_out_of_the_source_tree() {
             .lines()
             .any(|l| l.trim() == "manifests/overlays/local/certs/"),
         ".gitignore must ignore manifests/overlays/local/certs/"
+    );
+}
+
+/// The released image, tagged with the crate's version: Cargo.toml is the one place to bump.
+static IMAGE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{IMAGE_NAME}:{}", env!("CARGO_PKG_VERSION")));
+const IMAGE_NAME: &str = "ghcr.io/handoff-dev/handoff";
+
+#[test]
+fn release_files_carry_the_crate_version() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let version = env!("CARGO_PKG_VERSION");
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l == format!("ARG VERSION={version}")),
+        "the Dockerfile's `ARG VERSION=` is not {version}"
+    );
+    for line in [
+        "FROM scratch",
+        "USER 65532:65532",
+        r#"ENTRYPOINT ["/handoff"]"#,
+    ] {
+        assert!(
+            dockerfile.lines().any(|l| l == line),
+            "Dockerfile: no {line:?}"
+        );
+    }
+    for label in ["source", "version", "licenses"] {
+        assert!(
+            dockerfile.contains(&format!("org.opencontainers.image.{label}=")),
+            "Dockerfile: no {label} label"
+        );
+    }
+    let krew: Value = handoff::yaml::from_str(
+        &std::fs::read_to_string(root.join("plugins/krew/handoff.yaml")).expect("krew manifest"),
+    )
+    .expect("the krew manifest parses");
+    assert_eq!(
+        krew["apiVersion"],
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
+    assert_eq!(krew["kind"], "Plugin");
+    assert_eq!(krew["spec"]["version"], format!("v{version}"));
+    let uri = krew["spec"]["platforms"][0]["uri"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(uri.contains(&format!("/v{version}/")), "{uri}");
+}
+
+#[test]
+fn kustomize_images_points_the_deployment_at_another_registry() {
+    let build = build("base");
+    let overlay = build.root.path().join("private");
+    std::fs::create_dir_all(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources: [../manifests/base]\nimages:\n  - name: {IMAGE_NAME}\n    newName: registry.example.com/platform/handoff\n    newTag: 0.1.0-patched\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&overlay)
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let objects = parse_all(&text, "private");
+    let images: Vec<_> = objects
+        .deployments
+        .iter()
+        .flat_map(|d| d.spec.iter().flat_map(|s| s.template.spec.iter()))
+        .flat_map(|p| p.containers.iter().map(|c| c.image.clone()))
+        .collect();
+    assert_eq!(
+        images,
+        [Some(
+            "registry.example.com/platform/handoff:0.1.0-patched".to_string()
+        )]
     );
 }

@@ -18,6 +18,17 @@ pub(crate) fn one_line(message: String) -> String {
     out
 }
 
+/// `s` escaped as [`one_line`] escapes it, borrowed when there is nothing to escape (nearly
+/// always): the decision log passes every request-supplied value through it.
+pub(crate) fn one_line_str(s: &str) -> std::borrow::Cow<'_, str> {
+    if !needs_one_line_escape(s) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    write_one_line(&mut out, s).expect("writing to a String cannot fail");
+    std::borrow::Cow::Owned(out)
+}
+
 /// Whether `s` holds a character `write_one_line` escapes. C0 controls and DEL are single
 /// bytes; C1 controls start with 0xC2, U+2028 and U+2029 with 0xE2. Most text has none, and
 /// this scan is what every denial and every log value pays.
@@ -27,7 +38,7 @@ pub(crate) fn needs_one_line_escape(s: &str) -> bool {
 
 /// `s` with control characters and the Unicode line and paragraph separators (which some
 /// tools split lines on) escaped as `{:?}` writes them (`\n`, `\u{85}`): one line, whatever
-/// the input. Shared by denial messages and log lines.
+/// the input. Shared by denial messages and the decision log.
 pub(crate) fn write_one_line(out: &mut impl std::fmt::Write, s: &str) -> std::fmt::Result {
     if !needs_one_line_escape(s) {
         return out.write_str(s);

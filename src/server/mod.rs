@@ -424,7 +424,12 @@ async fn admit_inner(
 ) -> (Response, &'static str, &'static str) {
     let start = Instant::now();
     let bad = |code: StatusCode, msg: String| {
-        tracing::warn!(webhook = webhook.as_str(), code = code.as_u16(), error = %msg, "bad admission request");
+        tracing::warn!(
+            webhook = webhook.as_str(),
+            code = code.as_u16(),
+            error = &*crate::policy::one_line_str(&msg),
+            "bad admission request"
+        );
         (plain(code, msg), "", "error")
     };
     let content_type = headers
@@ -511,28 +516,43 @@ async fn admit_inner(
     (resp, op, decision.verdict)
 }
 
+/// One event per decision: denials, pins and errors at `info`, allows at `debug`. Every value
+/// a request supplies goes through `one_line_str`, here and only here, so neither format can be
+/// split or forged by a username, a name or a message (JSON escapes control characters but
+/// not U+2028/U+2029, which some log tools split on).
 fn log_decision(
     webhook: Webhook,
     req: &admission::AdmissionRequest,
     d: &Decision,
     latency: Duration,
 ) {
-    tracing::info!(
-        target: "handoff::decision",
-        webhook = webhook.as_str(),
-        uid = %req.uid,
-        user = req.user_info.username.as_str(),
-        operation = req.operation.as_str(),
-        resource = %req.resource_display(),
-        namespace = req.namespace.as_deref().unwrap_or(""),
-        name = req.object_name().unwrap_or(""),
-        dry_run = req.is_dry_run(),
-        verdict = d.verdict,
-        reason = d.reason,
-        detail = %d.detail,
-        latency_us = latency.as_micros() as u64,
-        "decision"
-    );
+    use crate::policy::one_line_str as esc;
+    macro_rules! event {
+        ($level:expr) => {
+            tracing::event!(
+                target: "handoff::decision",
+                $level,
+                webhook = webhook.as_str(),
+                uid = &*esc(&req.uid),
+                user = &*esc(&req.user_info.username),
+                operation = req.operation.as_str(),
+                resource = &*esc(&req.resource_display().to_string()),
+                namespace = &*esc(req.namespace.as_deref().unwrap_or("")),
+                name = &*esc(req.object_name().unwrap_or("")),
+                dry_run = req.is_dry_run(),
+                verdict = d.verdict,
+                reason = d.reason,
+                detail = &*esc(&d.detail),
+                latency_us = latency.as_micros() as u64,
+                "decision"
+            )
+        };
+    }
+    if d.verdict == "allow" {
+        event!(tracing::Level::DEBUG);
+    } else {
+        event!(tracing::Level::INFO);
+    }
 }
 
 /// Serve HTTPS on `listener` until `shutdown` resolves, then drain: stop accepting, let

@@ -79,12 +79,16 @@ pub fn for_each_doc<E: From<StateError>>(
             path: file.display().to_string(),
             source,
         })?;
-        for (i, de) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-            let place = || format!("{} (document {})", file.display(), i + 1);
-            let value = serde_json::Value::deserialize(de).map_err(|e| StateError::Doc {
-                place: place(),
-                message: format!("not valid YAML: {e}"),
-            })?;
+        for (i, doc) in crate::yaml::documents(&text) {
+            let place = || format!("{} (document {i})", file.display());
+            if crate::yaml::is_empty(doc) {
+                continue;
+            }
+            let value: serde_json::Value =
+                crate::yaml::from_str(doc).map_err(|e| StateError::Doc {
+                    place: place(),
+                    message: format!("not valid YAML: {e}"),
+                })?;
             if value.is_null() {
                 continue;
             }
@@ -98,7 +102,7 @@ pub fn for_each_doc<E: From<StateError>>(
                 .to_string();
             each(StateDoc {
                 file: file.clone(),
-                index: i + 1,
+                index: i,
                 kind,
                 value,
             })?;

@@ -1101,7 +1101,9 @@ impl PatchKind {
     fn parse(self, body: &[u8]) -> Result<Value, ApiError> {
         match serde_json::from_slice(body) {
             Ok(v) => Ok(v),
-            Err(e) if self == Self::Apply => serde_yaml::from_slice(body)
+            Err(e) if self == Self::Apply => std::str::from_utf8(body)
+                .map_err(|e| e.to_string())
+                .and_then(handoff::yaml::from_str)
                 .map_err(|_| ApiError::bad_request(format!("invalid apply patch body: {e}"))),
             Err(e) => Err(ApiError::bad_request(format!("invalid patch body: {e}"))),
         }
