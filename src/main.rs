@@ -83,7 +83,7 @@ struct WindowArgs {
     #[arg(long, global = true)]
     target_context: Option<String>,
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned.
-    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff", value_parser = own_deployment, global = true)]
+    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-pin", value_parser = own_deployment, global = true)]
     own_deployment: OwnDeployment,
 }
 
@@ -153,7 +153,7 @@ struct StateArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned by a MoveWindow.
-    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff", value_parser = own_deployment)]
+    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-pin", value_parser = own_deployment)]
     own_deployment: OwnDeployment,
     /// How long a watch may keep failing before its cache counts as stale (readiness fails and
     /// decisions that need it deny).

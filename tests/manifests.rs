@@ -429,7 +429,11 @@ fn check_webhooks(r: &Rendered, endpoint: &Endpoint) {
                     .as_ref()
                     .unwrap_or_else(|| panic!("{}: no service", w.name));
                 assert_eq!(service.namespace, NAMESPACE, "{}", w.name);
-                assert_eq!(service.name, "handoff", "{}", w.name);
+                let want = match w.name {
+                    "sync-finalizer.handoff.dev" => "handoff-guard",
+                    _ => "handoff-pin",
+                };
+                assert_eq!(service.name, want, "{}: the Service of its own Deployment", w.name);
                 assert_eq!(service.port, Some(443), "{}", w.name);
                 assert_eq!(service.path.as_deref(), Some(path_of(w.name)), "{}", w.name);
                 assert!(cc.url.is_none(), "{}: both service and url", w.name);
@@ -633,8 +637,13 @@ fn check_in_cluster(r: &Rendered) {
         Some(NAMESPACE),
         "the namespace carries the label the webhooks exclude it by"
     );
-    assert_eq!(r.service_accounts.len(), 1);
-    assert_eq!(name(&r.service_accounts[0].metadata), "handoff");
+    assert_eq!(
+        r.service_accounts
+            .iter()
+            .map(|a| name(&a.metadata))
+            .collect::<Vec<_>>(),
+        ["handoff-guard", "handoff-pin"]
+    );
 
     let role = |n: &str| {
         r.cluster_roles
@@ -644,9 +653,13 @@ fn check_in_cluster(r: &Rendered) {
     };
     let read = strings(&["get", "list", "watch"]);
     assert_eq!(
-        rules_of(role("handoff")),
+        rules_of(role("handoff-guard")),
+        [(strings(&[""]), strings(&["namespaces"]), read.clone())],
+        "the guard's ClusterRole is read-only on exactly what it caches"
+    );
+    assert_eq!(
+        rules_of(role("handoff-pin")),
         [
-            (strings(&[""]), strings(&["namespaces"]), read.clone()),
             (strings(&["apps"]), strings(&["deployments"]), read.clone()),
             (
                 strings(&["handoff.dev"]),
@@ -654,9 +667,10 @@ fn check_in_cluster(r: &Rendered) {
                 read.clone()
             ),
         ],
-        "the server's ClusterRole is read-only on exactly what it caches"
+        "the pin's ClusterRole is read-only on exactly what it caches"
     );
-    assert!(role("handoff").aggregation_rule.is_none());
+    assert!(role("handoff-guard").aggregation_rule.is_none());
+    assert!(role("handoff-pin").aggregation_rule.is_none());
     let operator = role("handoff-window-operator");
     assert!(operator.aggregation_rule.is_none());
     for (group, resource, verb) in [
@@ -689,22 +703,44 @@ fn check_in_cluster(r: &Rendered) {
     }
     assert_eq!(
         r.cluster_role_bindings.len(),
-        1,
-        "only the server's role is bound"
+        2,
+        "only the servers' roles are bound"
     );
-    let binding = &r.cluster_role_bindings[0];
-    assert_eq!(binding.role_ref.kind, "ClusterRole");
-    assert_eq!(binding.role_ref.name, "handoff");
-    let subjects = binding.subjects.as_deref().unwrap_or_default();
-    assert_eq!(subjects.len(), 1);
-    assert_eq!(subjects[0].kind, "ServiceAccount");
-    assert_eq!(subjects[0].name, "handoff");
-    assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
+    for server in ["handoff-guard", "handoff-pin"] {
+        let binding = r
+            .cluster_role_bindings
+            .iter()
+            .find(|b| name(&b.metadata) == server)
+            .unwrap_or_else(|| panic!("no ClusterRoleBinding {server}"));
+        assert_eq!(binding.role_ref.kind, "ClusterRole");
+        assert_eq!(binding.role_ref.name, server);
+        let subjects = binding.subjects.as_deref().unwrap_or_default();
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(subjects[0].kind, "ServiceAccount");
+        assert_eq!(subjects[0].name, server);
+        assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
+    }
 
+    // One Deployment, Service and PodDisruptionBudget per webhook (DESIGN §1.3).
+    assert_eq!(r.deployments.len(), 2);
+    assert_eq!(r.pdbs.len(), 2);
+    assert_eq!(r.services.len(), 2);
+    for (server, component, webhook, own) in [
+        ("handoff-guard", "guard", "sync-finalizer", None),
+        ("handoff-pin", "pin", "move-window", Some("$(POD_NAMESPACE)/handoff-pin")),
+    ] {
+        check_server(r, server, component, webhook, own);
+    }
+}
+
+/// One webhook's Deployment, its PodDisruptionBudget and its Service.
+fn check_server(r: &Rendered, server: &str, component: &str, webhook: &str, own: Option<&str>) {
     // The Deployment.
-    assert_eq!(r.deployments.len(), 1);
-    let deployment = &r.deployments[0];
-    assert_eq!(name(&deployment.metadata), "handoff");
+    let deployment = r
+        .deployments
+        .iter()
+        .find(|d| name(&d.metadata) == server)
+        .unwrap_or_else(|| panic!("no Deployment {server}"));
     let spec = deployment.spec.as_ref().expect("Deployment spec");
     assert_eq!(spec.replicas, Some(3));
     let pod_labels = labels(
@@ -730,9 +766,16 @@ fn check_in_cluster(r: &Rendered) {
         pod_labels.get(NAME_LABEL).map(String::as_str),
         Some("handoff")
     );
+    assert_eq!(
+        pod_labels
+            .get("app.kubernetes.io/component")
+            .map(String::as_str),
+        Some(component),
+        "{server}: the component label keeps the two Deployments' pods apart"
+    );
 
     let pod = spec.template.spec.as_ref().expect("pod spec");
-    assert_eq!(pod.service_account_name.as_deref(), Some("handoff"));
+    assert_eq!(pod.service_account_name.as_deref(), Some(server));
     assert!(pod.priority_class_name.is_none());
     let grace = pod
         .termination_grace_period_seconds
@@ -775,24 +818,25 @@ fn check_in_cluster(r: &Rendered) {
     let c: &Container = &pod.containers[0];
     assert_eq!(c.image.as_deref(), Some(IMAGE.as_str()));
     assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
-    assert_eq!(
-        c.args.as_deref().unwrap_or_default(),
-        strings(&[
-            "serve",
-            "--listen",
-            "0.0.0.0:8443",
-            "--tls-cert",
-            "/etc/handoff/tls/tls.crt",
-            "--tls-key",
-            "/etc/handoff/tls/tls.key",
-            "--metrics-listen",
-            "0.0.0.0:9090",
-            "--log-format",
-            "json",
-            "--own-deployment",
-            "$(POD_NAMESPACE)/handoff",
-        ])
-    );
+    let mut args = strings(&[
+        "serve",
+        "--listen",
+        "0.0.0.0:8443",
+        "--tls-cert",
+        "/etc/handoff/tls/tls.crt",
+        "--tls-key",
+        "/etc/handoff/tls/tls.key",
+        "--metrics-listen",
+        "0.0.0.0:9090",
+        "--log-format",
+        "json",
+        "--webhooks",
+        webhook,
+    ]);
+    if let Some(own) = own {
+        args.extend(strings(&["--own-deployment", own]));
+    }
+    assert_eq!(c.args.as_deref().unwrap_or_default(), args, "{server}");
     let env = c.env.as_deref().unwrap_or_default();
     let pod_namespace = env
         .iter()
@@ -877,8 +921,14 @@ fn check_in_cluster(r: &Rendered) {
     );
 
     // PodDisruptionBudget and Service.
-    assert_eq!(r.pdbs.len(), 1);
-    let pdb = r.pdbs[0].spec.as_ref().expect("PDB spec");
+    let pdb = r
+        .pdbs
+        .iter()
+        .find(|p| name(&p.metadata) == server)
+        .unwrap_or_else(|| panic!("no PodDisruptionBudget {server}"))
+        .spec
+        .as_ref()
+        .expect("PDB spec");
     assert!(
         pdb.min_available == Some(IntOrString::Int(2))
             || pdb.max_unavailable == Some(IntOrString::Int(1)),
@@ -889,9 +939,11 @@ fn check_in_cluster(r: &Rendered) {
         "the PDB's selector",
     );
 
-    assert_eq!(r.services.len(), 1);
-    let service = &r.services[0];
-    assert_eq!(name(&service.metadata), "handoff");
+    let service = r
+        .services
+        .iter()
+        .find(|x| name(&x.metadata) == server)
+        .unwrap_or_else(|| panic!("no Service {server}"));
     let spec = service.spec.as_ref().expect("Service spec");
     let selector = LabelSelector {
         match_labels: spec.selector.clone(),
@@ -963,15 +1015,21 @@ fn base_renders_typed_objects_that_keep_every_field() {
         [
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "CustomResourceDefinition",
+            "Deployment",
             "Deployment",
             "MutatingWebhookConfiguration",
             "Namespace",
             "PodDisruptionBudget",
+            "PodDisruptionBudget",
+            "Service",
             "Service",
             "ServiceAccount",
-            "ValidatingWebhookConfiguration",
+            "ServiceAccount",
+            "ValidatingWebhookConfiguration"
         ]
     );
     check_metadata(r);
@@ -1057,8 +1115,10 @@ fn cert_manager_overlay_issues_the_serving_certificate_and_injects_the_ca() {
     assert_eq!(
         spec["dnsNames"],
         serde_json::json!([
-            "handoff.handoff-system.svc",
-            "handoff.handoff-system.svc.cluster.local"
+            "handoff-guard.handoff-system.svc",
+            "handoff-guard.handoff-system.svc.cluster.local",
+            "handoff-pin.handoff-system.svc",
+            "handoff-pin.handoff-system.svc.cluster.local"
         ])
     );
     assert_eq!(spec["privateKey"]["rotationPolicy"], "Always");
@@ -1231,10 +1291,10 @@ fn kustomize_images_points_the_deployment_at_another_registry() {
         .flat_map(|d| d.spec.iter().flat_map(|s| s.template.spec.iter()))
         .flat_map(|p| p.containers.iter().map(|c| c.image.clone()))
         .collect();
+    let patched = Some("registry.example.com/platform/handoff:0.1.0-patched".to_string());
     assert_eq!(
         images,
-        [Some(
-            "registry.example.com/platform/handoff:0.1.0-patched".to_string()
-        )]
+        [patched.clone(), patched],
+        "both Deployments follow the images: override"
     );
 }

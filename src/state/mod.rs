@@ -148,7 +148,7 @@ impl State {
             deployments: DeploymentCache::default(),
             own: OwnDeployment {
                 namespace: "handoff-system".into(),
-                name: "handoff".into(),
+                name: "handoff-pin".into(),
             },
             api_timeout: Duration::from_secs(3),
             health: Health::default(),
