@@ -224,7 +224,7 @@ async fn own_deployment_and_unselected_deployments_pass() {
     let mut review: serde_json::Value =
         serde_json::from_slice(&fixture("create-deployment-capi.json")).unwrap();
     review["request"]["namespace"] = "handoff-system".into();
-    review["request"]["name"] = "handoff".into();
+    review["request"]["name"] = "handoff-pin".into();
     let r = client
         .review(PATH, serde_json::to_vec(&review).unwrap())
         .await;
