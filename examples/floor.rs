@@ -22,17 +22,34 @@ use axum::routing::{get, post};
 use handoff::server::tls::{CertSource, CertStore, server_config};
 use handoff::server::{self, Health};
 
-/// What handoff answers an allowed review with, for a recorded uid: same shape, same size.
-const ANSWER: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"6e85bb16-2464-4ebb-a694-e67c44bacb81","allowed":true}}"#;
+/// What handoff answers an allowed review with: same shape, same size; the uid is the
+/// request's (a real API server refuses an answer for another uid).
+const ANSWER: (&str, &str) = (
+    r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":""#,
+    r#"","allowed":true}}"#,
+);
 
 async fn constant(body: Body) -> impl IntoResponse {
-    // Drain, do not parse: an HTTP/1.1 connection is reused only once its request body has
-    // been read, and hyper reads it either way.
-    let _ = axum::body::to_bytes(body, 8 * 1024 * 1024).await;
+    // Read, do not parse: the uid is copied from the first `"uid":` of the body (the
+    // request's own comes before any object's), which is all a real API server checks.
+    let bytes = axum::body::to_bytes(body, 8 * 1024 * 1024)
+        .await
+        .unwrap_or_default();
+    let uid = bytes
+        .windows(6)
+        .position(|w| w == br#""uid":"#)
+        .map(|i| bytes[i + 6..].trim_ascii_start())
+        .and_then(|rest| rest.strip_prefix(b"\""))
+        .and_then(|rest| rest.iter().position(|b| *b == b'"').map(|end| &rest[..end]))
+        .unwrap_or_default();
+    let mut answer = Vec::with_capacity(ANSWER.0.len() + uid.len() + ANSWER.1.len());
+    answer.extend_from_slice(ANSWER.0.as_bytes());
+    answer.extend_from_slice(uid);
+    answer.extend_from_slice(ANSWER.1.as_bytes());
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        ANSWER,
+        answer,
     )
 }
 

@@ -115,6 +115,7 @@ impl<K: Hash + Eq, V: Clone> Projected<K, V> {
         drop(inner);
         self.synced.store(true, Ordering::Release);
         self.prove();
+        release_freed_memory();
     }
 
     /// Replace everything at once (state from files).
@@ -162,6 +163,17 @@ impl<K: Hash + Eq, V: Clone> Projected<K, V> {
                     .saturating_sub(Duration::from_millis(ms - 1)),
             ),
         }
+    }
+}
+
+/// Give the memory a large listing freed back to the system. glibc keeps freed chunks of the
+/// list's pages (JSON, decoded objects) in its arenas, interleaved with the cache's long-lived
+/// entries; at 100,000 namespaces that is several MiB of RSS nothing uses. Once per relist.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
