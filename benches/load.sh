@@ -3,7 +3,7 @@
 #
 #   benches/load.sh            # everything: throughput, latency at half load, memory
 #   benches/load.sh load       # throughput and latency only
-#   benches/load.sh memory     # RSS at 1,000 / 10,000 / 100,000 namespaces only
+#   benches/load.sh memory     # benches/memory.py: located namespaces, API server and --state
 #
 # Env: DURATION (seconds per run, default 10), SERVER_CPU / CLIENT_CPU (default 0 / 1),
 #      H1_CONNS (default 32), H2_CONNS x H2_STREAMS (default 4 x 16), LOW_RATE (default
@@ -62,9 +62,16 @@ for tool in taskset curl python3; do
     command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
 log "building handoff and the floor (release)"
-cargo build --release --quiet --bin handoff --example floor
-HANDOFF="$ROOT/target/release/handoff"
-FLOOR="$ROOT/target/release/examples/floor"
+# The paths cargo reports: right whatever CARGO_TARGET_DIR or build.target-dir say.
+BUILT=$(cargo build --release --quiet --bin handoff --example floor --message-format=json |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["name"], m["executable"])')
+HANDOFF=$(awk '$1 == "handoff" {print $2}' <<<"$BUILT")
+FLOOR=$(awk '$1 == "floor" {print $2}' <<<"$BUILT")
+[ -x "$HANDOFF" ] && [ -x "$FLOOR" ] || { log "cargo did not report the handoff and floor executables"; exit 1; }
 
 # --- inputs -----------------------------------------------------------------------------
 "$HANDOFF" certs --out "$OUT/certs" --dns localhost --ip 127.0.0.1 >/dev/null 2>&1
@@ -246,27 +253,10 @@ if [ "$WHAT" = all ] || [ "$WHAT" = load ]; then
 fi
 
 # --- memory -----------------------------------------------------------------------------
+# Located namespaces through a real API server and as --state files (benches/memory.py; it
+# needs ../shared/envtest or KUBEBUILDER_ASSETS), with its own table.
 if [ "$WHAT" = all ] || [ "$WHAT" = memory ]; then
-    : >"$OUT/memory.tsv"
-    for n in 1000 10000 100000; do
-        STATE="$OUT/state-$n"
-        [ -f "$STATE/namespaces.yaml" ] || gen_state "$STATE" "$n"
-        t0=$(date +%s.%N)
-        start_handoff "$STATE"
-        t1=$(date +%s.%N)
-        ready_rss=$(awk '/^VmRSS/ {print $2}' /proc/$HANDOFF_PID/status)
-        ready_hwm=$(awk '/^VmHWM/ {print $2}' /proc/$HANDOFF_PID/status)
-        oha --no-tui --output-format json --cacert "$CA" -n 10000 -c 16 -m POST \
-            -H 'Content-Type: application/json' -D "$OUT/delete-2k.json" \
-            "https://localhost:$HANDOFF_PORT/validate/sync-finalizer?timeout=10s" >"$OUT/runs/memory-$n.json"
-        after_rss=$(awk '/^VmRSS/ {print $2}' /proc/$HANDOFF_PID/status)
-        after_hwm=$(awk '/^VmHWM/ {print $2}' /proc/$HANDOFF_PID/status)
-        ok=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["statusCodeDistribution"].get("200",0))' "$OUT/runs/memory-$n.json")
-        startup=$(python3 -c "print(round($t1 - $t0, 2))")
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$ready_rss" "$ready_hwm" "$after_rss" "$after_hwm" "$ok" "$startup" "$(loadavg)" >>"$OUT/memory.tsv"
-        log "memory $n namespaces: ready RSS ${ready_rss} KiB (peak ${ready_hwm}), after $ok requests RSS ${after_rss} KiB (peak ${after_hwm}), ready in ${startup}s"
-        stop "$HANDOFF_PID"
-    done
+    OUT="$OUT" python3 "$ROOT/benches/memory.py"
 fi
 
 # --- report -----------------------------------------------------------------------------
@@ -325,15 +315,4 @@ if what in ("all", "load", "report"):
         print(f"| {proto} | {review} | {round(h['summary']['requestsPerSec']):,} | {fc:.1f} | {hc:.1f} | {fc/hc:.2f} |")
     las = sorted({load(n)["bench"]["loadavg"] for n in [x[:-5] for x in os.listdir(f"{out}/runs") if x.startswith(("max-", "half-", "own-", "low-"))]})
     print(f"\nload averages seen at the start of the runs: {', '.join(las)}")
-if what in ("all", "memory", "report") and os.path.exists(f"{out}/memory.tsv"):
-    rows = [l.split("\t") for l in open(f"{out}/memory.tsv").read().splitlines()]
-    print("\n## Memory of `handoff serve --state` (MiB)\n")
-    print("| namespaces | RSS ready | peak (VmHWM) ready | RSS after 10,000 requests | peak after | 200s | ready in (s) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for n, r, rh, a, ah, okc, st, la in rows:
-        print(f"| {int(n):,} | {int(r)/1024:.1f} | {int(rh)/1024:.1f} | {int(a)/1024:.1f} | {int(ah)/1024:.1f} | {okc} | {st} |")
-    if len(rows) >= 2:
-        (n0, r0), (n1, r1) = (int(rows[0][0]), int(rows[0][3])), (int(rows[-1][0]), int(rows[-1][3]))
-        print(f"\ngrowth: {(r1 - r0) * 1024 / (n1 - n0):.0f} bytes of RSS per namespace "
-              f"({n0:,} → {n1:,}, after requests)")
 PY

@@ -657,28 +657,39 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
 /// that does not parse is refused and the settings in force stay. Identities, domains and key
 /// schemes are read at start-up only.
 async fn watch_config(path: PathBuf, state: Arc<State>, metrics: Arc<Metrics>) {
-    let mut last = std::fs::read(&path).ok();
+    let mut applied = std::fs::read(&path).ok();
+    // A change is taken only once two reads a second apart agree, and what is parsed is the
+    // bytes read: a file caught halfway through a rewrite is never applied.
+    let mut seen: Option<Vec<u8>> = None;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         let now = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) => {
-                if last.is_some() {
+                if applied.is_some() {
                     tracing::error!(config = %path.display(), error = %e, "config file unreadable; the settings in force stay");
                     metrics.config_reload_errors.inc();
-                    last = None;
+                    applied = None;
                 }
                 continue;
             }
         };
-        if last.as_deref() == Some(&now[..]) {
+        if applied.as_deref() == Some(&now[..]) {
+            seen = None;
             continue;
         }
-        last = Some(now);
-        match ConfigFile::load(&path) {
+        if seen.as_deref() != Some(&now[..]) {
+            seen = Some(now);
+            continue;
+        }
+        applied = seen.take();
+        let parsed = std::str::from_utf8(&now)
+            .map_err(|e| e.to_string())
+            .and_then(ConfigFile::parse);
+        match parsed {
             Err(e) => {
-                tracing::error!(error = %e, "config change refused; the settings in force stay");
+                tracing::error!(config = %path.display(), error = %e, "config change refused; the settings in force stay");
                 metrics.config_reload_errors.inc();
             }
             Ok(cfg) => {

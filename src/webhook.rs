@@ -100,9 +100,21 @@ pub fn audit(verdict: &str, reason: &str) -> BTreeMap<String, String> {
 /// Decide one request for `webhook`, delivered as the rule's enforcement mode and the
 /// exemptions in force say.
 pub async fn decide(state: &State, webhook: Webhook, req: &AdmissionRequest) -> Decision {
+    decide_by(state, webhook, req, None).await
+}
+
+/// `decide`, finishing by `deadline`: a read the pin would wait on is cut short so that the
+/// pure rule decides on "unknown" rather than the deadline deciding for it (an app's scale-up
+/// must pass, whatever handoff could not read in time).
+pub async fn decide_by(
+    state: &State,
+    webhook: Webhook,
+    req: &AdmissionRequest,
+    deadline: Option<tokio::time::Instant>,
+) -> Decision {
     let decided = match webhook {
         Webhook::SyncFinalizer => decide_sync_finalizer(state, req).await,
-        Webhook::MoveWindow => decide_move_window(state, req).await,
+        Webhook::MoveWindow => decide_move_window(state, req, deadline).await,
     };
     deliver(&state.rollout(), webhook, req, decided)
 }
@@ -158,7 +170,11 @@ pub fn deliver(
     }
 }
 
-async fn decide_move_window(state: &State, req: &AdmissionRequest) -> Decision {
+async fn decide_move_window(
+    state: &State,
+    req: &AdmissionRequest,
+    deadline: Option<tokio::time::Instant>,
+) -> Decision {
     let is_deployments = req.resource.group == "apps" && req.resource.resource == "deployments";
     let sub = req.sub_resource.as_deref().unwrap_or("");
     let scale = match (is_deployments, sub, req.operation) {
@@ -224,7 +240,13 @@ async fn decide_move_window(state: &State, req: &AdmissionRequest) -> Decision {
     let lookup;
     let parent_stale;
     let target = if scale {
-        lookup = state.deployment(namespace, name).await;
+        // Leave time to answer: 50 ms before the deadline the read gives up as "unavailable".
+        let budget = deadline.map_or(state.api_timeout, |d| {
+            d.saturating_duration_since(tokio::time::Instant::now())
+                .saturating_sub(std::time::Duration::from_millis(50))
+                .min(state.api_timeout)
+        });
+        lookup = state.deployment(namespace, name, budget).await;
         parent_stale = state
             .health
             .deployments

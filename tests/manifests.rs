@@ -433,7 +433,11 @@ fn check_webhooks(r: &Rendered, endpoint: &Endpoint) {
                     "sync-finalizer.handoff.dev" => "handoff-guard",
                     _ => "handoff-pin",
                 };
-                assert_eq!(service.name, want, "{}: the Service of its own Deployment", w.name);
+                assert_eq!(
+                    service.name, want,
+                    "{}: the Service of its own Deployment",
+                    w.name
+                );
                 assert_eq!(service.port, Some(443), "{}", w.name);
                 assert_eq!(service.path.as_deref(), Some(path_of(w.name)), "{}", w.name);
                 assert!(cc.url.is_none(), "{}: both service and url", w.name);
@@ -727,7 +731,12 @@ fn check_in_cluster(r: &Rendered) {
     assert_eq!(r.services.len(), 2);
     for (server, component, webhook, own) in [
         ("handoff-guard", "guard", "sync-finalizer", None),
-        ("handoff-pin", "pin", "move-window", Some("$(POD_NAMESPACE)/handoff-pin")),
+        (
+            "handoff-pin",
+            "pin",
+            "move-window",
+            Some("$(POD_NAMESPACE)/handoff-pin"),
+        ),
     ] {
         check_server(r, server, component, webhook, own);
     }

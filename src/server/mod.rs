@@ -479,7 +479,7 @@ async fn admit_inner(
     let op = req.operation.as_str();
     let decision = match tokio::time::timeout_at(
         deadline,
-        webhook::decide(&app.state, webhook, &req),
+        webhook::decide_by(&app.state, webhook, &req, Some(deadline)),
     )
     .await
     {

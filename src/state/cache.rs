@@ -182,6 +182,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn what_arrives_during_a_relist_survives_its_sweep_and_relists_repeat() {
+        let c: Projected<Box<str>, u32> = Projected::default();
+        c.replace_all([("a".into(), 1), ("gone".into(), 2)]);
+        c.begin_relist();
+        c.relist_apply("a".into(), 10);
+        // A read on a miss and an event during the listing are newer than the list's start.
+        c.insert_if_absent("read".into(), 3);
+        c.upsert("event".into(), 4);
+        c.end_relist();
+        let mut keys: Vec<Box<str>> = c.fold(Vec::new(), |mut v, (k, _)| {
+            v.push(k.clone());
+            v
+        });
+        keys.sort();
+        assert_eq!(keys, ["a", "event", "read"].map(Box::from));
+        // An interrupted relist followed by a whole one: only the last listing counts.
+        c.begin_relist();
+        c.relist_apply("half".into(), 5);
+        c.begin_relist();
+        c.relist_apply("a".into(), 11);
+        c.end_relist();
+        assert_eq!((c.get("a"), c.get("half"), c.len()), (Some(11), None, 1));
+    }
+
+    #[test]
     fn relist_sweeps_what_it_did_not_list_marks_synced_and_proves() {
         let c: Projected<Box<str>, u32> = Projected::default();
         assert!(!c.is_synced());

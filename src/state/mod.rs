@@ -125,8 +125,8 @@ pub struct State {
     /// How old a namespace view may be before a sync target's delete is allowed on it only
     /// after a fresh read.
     pub max_staleness: Duration,
-    /// Namespace reads in flight, one per name.
-    reads: std::sync::Mutex<std::collections::HashMap<Box<str>, NamespaceRead>>,
+    /// Namespace reads in flight, one per name; each removes itself when it ends.
+    reads: Arc<std::sync::Mutex<std::collections::HashMap<Box<str>, NamespaceRead>>>,
 }
 
 type NamespaceRead = futures::future::Shared<
@@ -283,6 +283,11 @@ impl State {
 
     /// Read one namespace from the API server now, with at most one read in flight per name
     /// (concurrent requests wait for the same answer), bounded by `api_timeout`.
+    ///
+    /// The read runs as a task of its own that removes itself from the table when it ends, so
+    /// a request that gives up (its deadline, a client gone) never leaves a half-done read
+    /// behind for a later request to join, and no answer outlives its read: a request joins
+    /// only a read that started at most `api_timeout` ago.
     pub async fn read_namespace(&self, name: &str) -> NamespaceLookup {
         let Some(client) = self.client.clone() else {
             return NamespaceLookup::Plain;
@@ -293,29 +298,34 @@ impl State {
                 .entry(name.into())
                 .or_insert_with(|| {
                     let api = kube::Api::<Namespace>::all(client);
-                    let (name, timeout) = (name.to_string(), self.api_timeout);
+                    let (key, timeout, table) =
+                        (name.to_string(), self.api_timeout, self.reads.clone());
+                    let task = tokio::spawn(async move {
+                        let answer =
+                            match tokio::time::timeout(timeout, api.get_metadata_opt(&key)).await {
+                                Err(_) => {
+                                    Err(format!("the API server did not answer within {timeout:?}"))
+                                }
+                                Ok(Err(e)) => Err(format!("the API server said: {e}")),
+                                Ok(Ok(ns)) => Ok(ns.map(|ns| ns.metadata.annotations)),
+                            };
+                        // Finished: the next request reads again.
+                        table
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(key.as_str());
+                        answer
+                    });
                     async move {
-                        match tokio::time::timeout(timeout, api.get_metadata_opt(&name)).await {
-                            Err(_) => {
-                                Err(format!("the API server did not answer within {timeout:?}"))
-                            }
-                            Ok(Err(e)) => Err(format!("the API server said: {e}")),
-                            Ok(Ok(ns)) => Ok(ns.map(|ns| ns.metadata.annotations)),
-                        }
+                        task.await
+                            .unwrap_or_else(|e| Err(format!("the namespace read failed: {e}")))
                     }
                     .boxed()
                     .shared()
                 })
                 .clone()
         };
-        let answer = read.clone().await;
-        {
-            // A finished read is history: the next request reads again.
-            let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
-            if reads.get(name).is_some_and(|r| r.ptr_eq(&read)) {
-                reads.remove(name);
-            }
-        }
+        let answer = read.await;
         match answer {
             Err(why) => NamespaceLookup::Unavailable(why),
             Ok(None) => NamespaceLookup::Plain,
@@ -333,7 +343,12 @@ impl State {
     }
 
     /// The Deployment behind a scale request: from the cache, or asked of the API once.
-    pub async fn deployment(&self, namespace: &str, name: &str) -> DeploymentLookup {
+    pub async fn deployment(
+        &self,
+        namespace: &str,
+        name: &str,
+        budget: Duration,
+    ) -> DeploymentLookup {
         if let Some(d) = self.deployments.get(namespace, name) {
             return DeploymentLookup::Known(d);
         }
@@ -341,10 +356,9 @@ impl State {
             return DeploymentLookup::Missing;
         };
         let api = kube::Api::<PartialObjectMeta<Deployment>>::namespaced(client, namespace);
-        match tokio::time::timeout(self.api_timeout, api.get_opt(name)).await {
+        match tokio::time::timeout(budget, api.get_opt(name)).await {
             Err(_) => DeploymentLookup::Unavailable(format!(
-                "the API server did not answer within {:?}",
-                self.api_timeout
+                "the API server did not answer within {budget:?}"
             )),
             Ok(Err(e)) => DeploymentLookup::Unavailable(format!("the API server said: {e}")),
             Ok(Ok(None)) => DeploymentLookup::Missing,

@@ -410,6 +410,32 @@ async fn ensure_open(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write) -> Re
 }
 
 /// Scale one Deployment to 0, saving its count in the annotation. Returns the saved count.
+/// What pinning a Deployment comes to, read from the Deployment alone: `open` acts on it,
+/// `open --dry-run` prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PinPlan {
+    /// At 0 with a readable saved count: nothing to write.
+    AlreadyPinned(SavedReplicas),
+    /// At 0 with an annotation nobody can read: left for `close` to report (restores 1).
+    PinnedUnreadable,
+    /// Save this count (0 when it already stands at 0) and scale to 0.
+    Save(i32),
+}
+
+fn pin_plan(d: &Deployment) -> PinPlan {
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let annotation = d
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SAVED_REPLICAS_ANNOTATION));
+    match (replicas, annotation.map(|a| SavedReplicas::parse(a))) {
+        (0, Some(Some(s))) => PinPlan::AlreadyPinned(s),
+        (0, Some(None)) => PinPlan::PinnedUnreadable,
+        (n, _) => PinPlan::Save(n),
+    }
+}
+
 async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut dyn Write) -> Result<i32> {
     let api: Api<Deployment> = Api::namespaced(c.client.clone(), ns);
     for _attempt in 0..5 {
@@ -417,16 +443,8 @@ async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut dyn Write) 
             .get(name)
             .await
             .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?;
-        let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-        let annotation = d
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(SAVED_REPLICAS_ANNOTATION))
-            .cloned();
-        let saved = annotation.as_deref().and_then(SavedReplicas::parse);
-        let (patch, saved_now) = match (replicas, saved, annotation.is_some()) {
-            (0, Some(s), _) => {
+        let (patch, saved_now) = match pin_plan(&d) {
+            PinPlan::AlreadyPinned(s) => {
                 let _ = writeln!(
                     out,
                     "{}: {ns}/{name} already pinned (restores to {s})",
@@ -435,24 +453,17 @@ async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut dyn Write) 
                 return Ok(s.0);
             }
             // Pinned, with an annotation nobody can read: leave it for close to report.
-            (0, None, true) => return Ok(1),
-            (0, None, false) => (
-                json!({"metadata": {
+            PinPlan::PinnedUnreadable => return Ok(1),
+            PinPlan::Save(n) => {
+                let mut patch = json!({"metadata": {
                     "resourceVersion": d.metadata.resource_version,
-                    "annotations": {SAVED_REPLICAS_ANNOTATION: "0"}
-                }}),
-                0,
-            ),
-            (n, _, _) => (
-                json!({
-                    "metadata": {
-                        "resourceVersion": d.metadata.resource_version,
-                        "annotations": {SAVED_REPLICAS_ANNOTATION: n.to_string()}
-                    },
-                    "spec": {"replicas": 0}
-                }),
-                n,
-            ),
+                    "annotations": {SAVED_REPLICAS_ANNOTATION: n.to_string()}
+                }});
+                if n > 0 {
+                    patch["spec"] = json!({"replicas": 0});
+                }
+                (patch, n)
+            }
         };
         match api
             .patch(name, &PatchParams::default(), &Patch::Merge(patch))
@@ -665,19 +676,13 @@ pub async fn plan_open(
         }
         for d in &deployments {
             let (ns, name) = dep_key(d);
-            let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            let annotation = d
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(SAVED_REPLICAS_ANNOTATION));
-            let plan = match (replicas, annotation.map(|a| SavedReplicas::parse(a))) {
-                (0, Some(Some(s))) => format!("already pinned (restores to {s})"),
-                (0, Some(None)) => format!(
+            let plan = match pin_plan(d) {
+                PinPlan::AlreadyPinned(s) => format!("already pinned (restores to {s})"),
+                PinPlan::PinnedUnreadable => format!(
                     "already at 0 with an unreadable {SAVED_REPLICAS_ANNOTATION} (close would restore 1)"
                 ),
-                (0, None) => "already at 0: would save 0".to_string(),
-                (n, _) => format!("would pin to 0 replicas, saving {n}"),
+                PinPlan::Save(0) => "already at 0: would save 0".to_string(),
+                PinPlan::Save(n) => format!("would pin to 0 replicas, saving {n}"),
             };
             let _ = writeln!(out, "{}: {ns}/{name}: {plan}", c.label);
         }

@@ -25,8 +25,12 @@ use handoff::certs::Ca;
 
 /// The admin's bearer token and the other users the token file knows.
 pub const ADMIN: &str = "admin";
-/// handoff's own identity, as the base manifests' ServiceAccount (RBAC from `manifests/base/rbac.yaml`).
+/// One `handoff serve` that serves both webhooks: the tests bind it to both of the base
+/// manifests' ClusterRoles (`manifests/base/rbac.yaml`).
 pub const HANDOFF_USER: &str = "system:serviceaccount:handoff-system:handoff";
+/// The manifests' own identities of the two servers, bound by `manifests/base/rbac.yaml`.
+pub const GUARD_USER: &str = "system:serviceaccount:handoff-system:handoff-guard";
+pub const PIN_USER: &str = "system:serviceaccount:handoff-system:handoff-pin";
 /// A user bound to nothing unless a test binds it.
 pub const NOBODY: &str = "nobody";
 
@@ -199,7 +203,7 @@ impl ApiServer {
         write(d, "apiserver.key", &key);
         write(d, "sa.key", &sa.serialize_pem());
         write(d, "sa.pub", &sa.public_key_pem());
-        let tokens: Vec<(String, String)> = [ADMIN, HANDOFF_USER, NOBODY]
+        let tokens: Vec<(String, String)> = [ADMIN, HANDOFF_USER, GUARD_USER, PIN_USER, NOBODY]
             .iter()
             .map(|u| (u.to_string(), random_token()))
             .collect();
@@ -208,7 +212,9 @@ impl ApiServer {
             .map(|(user, token)| {
                 let groups = match user.as_str() {
                     ADMIN => "system:masters",
-                    HANDOFF_USER => "system:serviceaccounts,system:serviceaccounts:handoff-system",
+                    HANDOFF_USER | GUARD_USER | PIN_USER => {
+                        "system:serviceaccounts,system:serviceaccounts:handoff-system"
+                    }
                     _ => "",
                 };
                 format!("{token},{user},{user},\"{groups}\"\n")
