@@ -31,6 +31,9 @@ pub struct Projected<K, V> {
     /// When the watch last proved the view current, in milliseconds after `EPOCH` plus one;
     /// 0 = never.
     proven: AtomicU64,
+    /// Counts removals and relists: a read that began before one may hold an object that is
+    /// gone, and must not put it back (`insert_if_unchanged_since`).
+    removals: AtomicU64,
 }
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -45,6 +48,7 @@ impl<K, V> Default for Projected<K, V> {
             }),
             synced: AtomicBool::new(false),
             proven: AtomicU64::new(0),
+            removals: AtomicU64::new(0),
         }
     }
 }
@@ -87,7 +91,30 @@ impl<K: Hash + Eq, V: Clone> Projected<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.write().entries.remove(key);
+        let mut inner = self.write();
+        inner.entries.remove(key);
+        self.removals.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Taken before a read of the API server whose answer is to be cached.
+    pub fn removal_epoch(&self) -> u64 {
+        self.removals.load(Ordering::Acquire)
+    }
+
+    /// `insert_if_absent` for the answer of a read that began at `epoch`: skipped if anything
+    /// was removed or relisted since, because the answer may be older than that news (a
+    /// namespace deleted meanwhile must not come back). Rare, and the read's answer still
+    /// serves the request that made it.
+    pub fn insert_if_unchanged_since(&self, epoch: u64, key: K, value: V) {
+        let mut inner = self.write();
+        if self.removals.load(Ordering::Acquire) != epoch {
+            return;
+        }
+        let generation = inner.generation;
+        inner
+            .entries
+            .entry(key)
+            .or_insert(Slot { value, generation });
     }
 
     /// A watch (re)started and lists everything again. The listing updates the cache in place
@@ -98,6 +125,7 @@ impl<K: Hash + Eq, V: Clone> Projected<K, V> {
         let mut inner = self.write();
         inner.generation = inner.generation.wrapping_add(1);
         inner.relisting = Some(inner.generation);
+        self.removals.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn relist_apply(&self, key: K, value: V) {
@@ -204,6 +232,27 @@ mod tests {
         c.relist_apply("a".into(), 11);
         c.end_relist();
         assert_eq!((c.get("a"), c.get("half"), c.len()), (Some(11), None, 1));
+    }
+
+    #[test]
+    fn a_read_older_than_a_removal_does_not_bring_the_object_back() {
+        let c: Projected<Box<str>, u32> = Projected::default();
+        c.upsert("ns".into(), 1);
+        let epoch = c.removal_epoch();
+        // The read is under way when the watch says the namespace is gone.
+        c.remove("ns");
+        c.insert_if_unchanged_since(epoch, "ns".into(), 1);
+        assert_eq!(c.get("ns"), None);
+        // A read that began after it is cached.
+        let epoch = c.removal_epoch();
+        c.insert_if_unchanged_since(epoch, "other".into(), 2);
+        assert_eq!(c.get("other"), Some(2));
+        // A relist in between counts as news too.
+        let epoch = c.removal_epoch();
+        c.begin_relist();
+        c.insert_if_unchanged_since(epoch, "late".into(), 3);
+        c.end_relist();
+        assert_eq!(c.get("late"), None);
     }
 
     #[test]

@@ -132,7 +132,13 @@ pub struct State {
 type NamespaceRead = futures::future::Shared<
     futures::future::BoxFuture<
         'static,
-        Result<Option<Option<std::collections::BTreeMap<String, String>>>, String>,
+        Result<
+            (
+                u64,
+                Option<Option<std::collections::BTreeMap<String, String>>>,
+            ),
+            String,
+        >,
     >,
 >;
 
@@ -300,6 +306,7 @@ impl State {
                     let api = kube::Api::<Namespace>::all(client);
                     let (key, timeout, table) =
                         (name.to_string(), self.api_timeout, self.reads.clone());
+                    let epoch = self.namespaces.removal_epoch();
                     let task = tokio::spawn(async move {
                         let answer =
                             match tokio::time::timeout(timeout, api.get_metadata_opt(&key)).await {
@@ -314,7 +321,7 @@ impl State {
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .remove(key.as_str());
-                        answer
+                        answer.map(|a| (epoch, a))
                     });
                     async move {
                         task.await
@@ -328,11 +335,11 @@ impl State {
         let answer = read.await;
         match answer {
             Err(why) => NamespaceLookup::Unavailable(why),
-            Ok(None) => NamespaceLookup::Plain,
-            Ok(Some(annotations)) => {
+            Ok((_, None)) => NamespaceLookup::Plain,
+            Ok((epoch, Some(annotations))) => {
                 let meta = NamespaceMeta::from_annotations(annotations.as_ref(), &self.ids);
                 // The watch may have delivered a newer view meanwhile: it wins.
-                self.namespaces.insert_if_absent(name, meta.clone());
+                self.namespaces.insert_read(epoch, name, meta.clone());
                 if meta.is_interesting() {
                     NamespaceLookup::Relevant(meta)
                 } else {

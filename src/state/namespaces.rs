@@ -101,6 +101,17 @@ impl NamespaceCache {
         self.0.insert_if_absent(name.into(), meta);
     }
 
+    /// Taken before a read whose answer `insert_read` will cache.
+    pub fn removal_epoch(&self) -> u64 {
+        self.0.removal_epoch()
+    }
+
+    /// Cache a read's answer, unless the cache already has the namespace or something was
+    /// removed or relisted since the read began (its answer may predate a delete).
+    pub fn insert_read(&self, epoch: u64, name: &str, meta: NamespaceMeta) {
+        self.0.insert_if_unchanged_since(epoch, name.into(), meta);
+    }
+
     pub fn remove(&self, name: &str) {
         self.0.remove(name);
     }
