@@ -53,7 +53,8 @@ get() {
         "https://localhost:$port$1"
 }
 for _ in $(seq 1 100); do
-    if [ "$(get /healthz 2>/dev/null)" = ok ]; then break; fi
+    # /readyz says "ok (<each webhook's enforcement mode>)" once ready.
+    case "$(get /readyz 2>/dev/null)" in ok*) break ;; esac
     if ! kill -0 "$pid" 2>/dev/null; then
         echo "static-smoke: FAILED: handoff exited:" >&2; cat "$work/log" >&2; exit 1
     fi
@@ -61,7 +62,7 @@ for _ in $(seq 1 100); do
 done
 healthz=$(get /healthz || true)
 readyz=$(get /readyz || true)
-if [ "$healthz" != ok ] || [ "$readyz" != ok ]; then
+if [ "$healthz" != ok ] || [ "${readyz%% *}" != ok ]; then
     echo "static-smoke: FAILED: /healthz said '$healthz', /readyz said '$readyz'" >&2
     cat "$work/log" >&2
     exit 1
