@@ -22,7 +22,7 @@ have_musl() {
 if [ "${HANDOFF_STATIC:-musl}" = musl ] && ! have_musl; then
     if ! rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
         echo "static-binary: adding the $musl target" >&2
-        rustup target add "$musl" >&2 || true
+        timeout 180 rustup target add "$musl" >&2 || true
     fi
     if ! command -v musl-gcc >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "static-binary: installing musl-tools" >&2
