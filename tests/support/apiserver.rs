@@ -184,19 +184,9 @@ impl ApiServer {
     /// Start a new one (about 3 s). Panics with the components' logs when it does not come up.
     pub fn start() -> ApiServer {
         let assets = assets().expect("KUBEBUILDER_ASSETS (check require_apiserver! first)");
-        let dir = tempfile::Builder::new()
-            .prefix("handoff-apiserver-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = temp_dir("handoff-apiserver-");
         let d = dir.path();
-        let ca = Ca::new("envtest CA", 30).expect("CA");
-        let (cert, key) = ca
-            .serving_cert(
-                &["localhost".into()],
-                &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-                30,
-            )
-            .expect("serving cert");
+        let (ca, cert, key) = loopback_serving_cert("envtest CA");
         let sa = rcgen::KeyPair::generate().expect("service-account key");
         write(d, "ca.crt", &ca.cert_pem);
         write(d, "apiserver.crt", &cert);
@@ -500,6 +490,27 @@ fn start_etcd(assets: &Path, d: &Path, port: u16) -> Result<Child, String> {
     }
 }
 
+fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("temp dir")
+}
+
+/// A CA named `name` and a serving certificate it signed for localhost and 127.0.0.1:
+/// `(CA, cert PEM, key PEM)`.
+fn loopback_serving_cert(name: &str) -> (Ca, String, String) {
+    let ca = Ca::new(name, 30).expect("CA");
+    let (cert, key) = ca
+        .serving_cert(
+            &["localhost".into()],
+            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            30,
+        )
+        .expect("serving cert");
+    (ca, cert, key)
+}
+
 fn write(dir: &Path, name: &str, text: &str) {
     std::fs::write(dir.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"));
 }
@@ -536,18 +547,8 @@ impl Handoff {
     }
 
     pub fn start_with_kubeconfig(kubeconfig: &Path, extra: &[&str]) -> Handoff {
-        let dir = tempfile::Builder::new()
-            .prefix("handoff-serve-")
-            .tempdir()
-            .expect("temp dir");
-        let ca = Ca::new("handoff test CA", 30).expect("CA");
-        let (cert, key) = ca
-            .serving_cert(
-                &["localhost".into()],
-                &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-                30,
-            )
-            .expect("serving cert");
+        let dir = temp_dir("handoff-serve-");
+        let (ca, cert, key) = loopback_serving_cert("handoff test CA");
         write(dir.path(), "tls.crt", &cert);
         write(dir.path(), "tls.key", &key);
         write(dir.path(), "ca.crt", &ca.cert_pem);
