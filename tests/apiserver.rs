@@ -568,46 +568,40 @@ fn a_crd_installed_after_start_up_is_picked_up() {
         return;
     }
     let api = ApiServer::start();
-    let rendered = {
-        // Everything but the CRD first.
-        let (handoff, rendered) = {
-            grant(&api);
-            let h = Handoff::start(&api, HANDOFF_USER, &[]);
-            let r = h.rendered_local_overlay();
-            (h, r)
-        };
-        let (crd, rest): (Vec<&str>, Vec<&str>) = rendered
-            .split("\n---\n")
-            .partition(|doc| doc.contains("kind: CustomResourceDefinition"));
-        api.apply(&rest.join("\n---\n"));
-        eventually(
-            "the movewindows watch fails for want of the CRD",
-            WAIT,
-            || handoff.log().contains("watch failed").then_some(()),
-        );
-        api.apply(&crd.join("\n---\n"));
-        api.ok(
-            ADMIN,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "crd/movewindows.handoff.dev",
-            ],
-        );
-        eventually(
-            "handoff lists MoveWindows once the CRD exists",
-            WAIT * 3,
-            || {
-                handoff
-                    .log()
-                    .lines()
-                    .any(|l| l.contains("cache synced") && l.contains("movewindows"))
-                    .then_some(())
-            },
-        );
-        (handoff, rendered)
-    };
-    let (mut handoff, _) = rendered;
+    grant(&api);
+    let mut handoff = Handoff::start(&api, HANDOFF_USER, &[]);
+    // Everything but the CRD first.
+    let rendered = handoff.rendered_local_overlay();
+    let (crd, rest): (Vec<&str>, Vec<&str>) = rendered
+        .split("\n---\n")
+        .partition(|doc| doc.contains("kind: CustomResourceDefinition"));
+    api.apply(&rest.join("\n---\n"));
+    eventually(
+        "the movewindows watch fails for want of the CRD",
+        WAIT,
+        || handoff.log().contains("watch failed").then_some(()),
+    );
+    assert!(handoff.readyz().is_some_and(|(code, _)| code == 503));
+    api.apply(&crd.join("\n---\n"));
+    api.ok(
+        ADMIN,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/movewindows.handoff.dev",
+        ],
+    );
+    eventually(
+        "handoff lists MoveWindows once the CRD exists",
+        WAIT * 3,
+        || {
+            handoff
+                .log()
+                .lines()
+                .any(|l| l.contains("cache synced") && l.contains("movewindows"))
+                .then_some(())
+        },
+    );
     handoff.wait_ready();
     api.ok(ADMIN, &["create", "namespace", "late-capi"]);
     api.apply(&capi_deployment("late-capi", "capi-controller-manager", 1));

@@ -191,11 +191,11 @@ pub fn health_router() -> Router<App> {
             "/metrics",
             get(|AxState(app): AxState<App>| async move {
                 let m = &app.metrics;
-                let windows = app.state.windows.open();
+                let windows = app.state.windows.snapshot();
                 m.namespaces.set(app.state.namespaces.len() as i64);
-                m.open_windows.set(windows.len() as i64);
+                m.open_windows.set(windows.open.len() as i64);
                 m.pinned_deployments
-                    .set(app.state.deployments.count_selected(&windows) as i64);
+                    .set(app.state.deployments.count_selected(&windows.open) as i64);
                 (
                     [(
                         header::CONTENT_TYPE,
@@ -348,6 +348,8 @@ async fn read_body(
             Err(_) => return Err(BodyError::Timeout),
             Ok(None) if seen > limit => return Err(BodyError::TooLarge),
             Ok(None) => return Ok(buf.freeze()),
+            // Past the limit already: the 413 is the answer, whatever broke the stream.
+            Ok(Some(Err(_))) if seen > limit => return Err(BodyError::TooLarge),
             Ok(Some(Err(e))) => return Err(BodyError::Read(e)),
             Ok(Some(Ok(f))) => f,
         };

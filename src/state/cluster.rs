@@ -66,16 +66,20 @@ pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
     };
     let name = |o: &PartialObjectMeta<Namespace>| o.metadata.name.clone().unwrap_or_default();
     let cache = &state.namespaces;
-    run(api, "namespaces", &state.health.namespaces, |ev| {
-        match ev {
-            Event::Init => return cache.begin_relist(),
-            // Part of a listing still under way: it proves nothing of the whole view yet.
-            Event::InitApply(o) => return cache.relist_apply(&name(&o), meta(&o)),
-            Event::InitDone => cache.end_relist(),
-            Event::Apply(o) => cache.upsert(&name(&o), meta(&o)),
-            Event::Delete(o) => cache.remove(o.metadata.name.as_deref().unwrap_or_default()),
+    // Every event proves the view current (a finished listing proves itself, in
+    // `end_relist`); a part of a listing still under way proves nothing yet.
+    run(api, "namespaces", &state.health.namespaces, |ev| match ev {
+        Event::Init => cache.begin_relist(),
+        Event::InitApply(o) => cache.relist_apply(&name(&o), meta(&o)),
+        Event::InitDone => cache.end_relist(),
+        Event::Apply(o) => {
+            cache.upsert(&name(&o), meta(&o));
+            cache.prove();
         }
-        cache.prove();
+        Event::Delete(o) => {
+            cache.remove(o.metadata.name.as_deref().unwrap_or_default());
+            cache.prove();
+        }
     })
     .await
 }

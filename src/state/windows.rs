@@ -98,6 +98,14 @@ impl WindowCache {
                 }
                 snap
             });
+        // In name order, as the BTreeMap this cache used to be kept them: when two open
+        // windows select one Deployment, the same one names the pin every time.
+        let mut snap = snap;
+        snap.open.sort_by(|a, b| a.name.cmp(&b.name));
+        snap.invalid.sort();
+        snap.pinned.sort_by(|a, b| {
+            (&a.window, &a.namespace, &a.name).cmp(&(&b.window, &b.namespace, &b.name))
+        });
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snap);
     }
 
@@ -218,5 +226,36 @@ impl DeploymentCache {
                     .any(|w| w.selector.matches(d.labels.as_ref())),
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::move_window::{MoveWindowSpec, WindowState};
+
+    fn window(name: &str) -> MoveWindow {
+        MoveWindow::new(
+            name,
+            MoveWindowSpec {
+                state: WindowState::Open,
+                deployment_selector: None,
+                reason: None,
+                role: None,
+            },
+        )
+    }
+
+    /// Two open windows selecting one Deployment: the pin names the same one every time,
+    /// whatever order the watch delivered them in.
+    #[test]
+    fn open_windows_come_in_name_order() {
+        let names = ["move-c", "move-a", "move-d", "move-b"];
+        let c = WindowCache::default();
+        c.replace_all(&names.map(window));
+        let open: Vec<String> = c.snapshot().open.iter().map(|w| w.name.clone()).collect();
+        assert_eq!(open, ["move-a", "move-b", "move-c", "move-d"]);
+        c.upsert(&window("move-0"));
+        assert_eq!(c.snapshot().open[0].name, "move-0");
     }
 }
