@@ -2,6 +2,7 @@
 //! clusters. See DESIGN.md for the contract; the binary's entry point is `src/main.rs`.
 
 pub mod admission;
+pub mod admission_policy;
 pub mod certs;
 pub mod config;
 pub mod policy;

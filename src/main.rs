@@ -58,6 +58,40 @@ enum Command {
     Crd,
     /// Open, close and inspect move windows (one cluster, or --source and --target).
     Window(WindowArgs),
+    /// Install, remove or print the in-API-server admission policies (both rules).
+    Policy(PolicyArgs),
+}
+
+#[derive(Args)]
+struct PolicyArgs {
+    #[command(subcommand)]
+    command: PolicyCommand,
+    /// kubeconfig of the cluster (default: $KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, value_name = "FILE", global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// kubeconfig context.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// Config file (as `handoff serve --config`): explicit identities, domains, key schemes,
+    /// enforcement modes and exemptions.
+    #[arg(long, value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+    /// The ConfigMap in which sync-target identities are published for the guard's policy.
+    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-sync-targets", global = true)]
+    params: handoff::admission_policy::ParamsRef,
+    /// handoff's own Deployment (NAMESPACE/NAME), never pinned.
+    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-pin", value_parser = own_deployment, global = true)]
+    own_deployment: OwnDeployment,
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Apply the policies, their bindings and the parameter (idempotent).
+    Install,
+    /// Remove everything `install` and `window open` created.
+    Uninstall,
+    /// Print the YAML that `install` would apply, with the identities it would publish now.
+    Show,
 }
 
 #[derive(Args)]
@@ -308,6 +342,7 @@ fn main() -> std::process::ExitCode {
             Command::Review(a) => review(a).await,
             Command::Certs(a) => certs_cmd(a),
             Command::Window(a) => window(a).await,
+            Command::Policy(a) => policy(a).await,
             Command::Crd => {
                 print!("{}", handoff::resources::move_window::crd_yaml());
                 Ok(())
@@ -440,6 +475,41 @@ async fn window(a: WindowArgs) -> anyhow::Result<()> {
     window_command(a.command, clusters, a.own_deployment)
         .await
         .map_err(name_server)
+}
+
+async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
+    use handoff::admission_policy::apply;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cfg = match &a.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let ids = cfg
+        .identities()
+        .map_err(|e| anyhow::anyhow!("config: {e}"))?;
+    let (client, server) = client_for(a.kubeconfig.as_deref(), a.context.as_deref()).await?;
+    let inst = apply::Install {
+        ids,
+        rollout: cfg.rollout(),
+        params: a.params.clone(),
+        own: a.own_deployment,
+    };
+    let mut err = std::io::stderr();
+    let run = async {
+        match a.command {
+            PolicyCommand::Install => apply::install(&client, &inst, &mut err).await,
+            PolicyCommand::Uninstall => apply::uninstall(&client, &a.params, &mut err).await,
+            PolicyCommand::Show => {
+                let (objects, notes) = apply::plan(&client, &inst).await?;
+                for n in notes {
+                    eprintln!("note: {n}");
+                }
+                print!("{}", apply::render_yaml(&objects)?);
+                Ok(())
+            }
+        }
+    };
+    run.await.with_context(|| format!("API server {server}"))
 }
 
 async fn window_command(

@@ -300,6 +300,21 @@ impl Identities {
         }
     }
 
+    /// The identities the config file names, by username.
+    pub fn explicit(&self) -> impl Iterator<Item = (&str, &SyncTarget)> {
+        self.explicit.iter().map(|(u, t)| (u.as_str(), t))
+    }
+
+    /// Every sync target some namespace's locator names now, with the UID it was named by:
+    /// what the in-API-server policy needs published, since CEL cannot hash.
+    pub fn located_targets(&self) -> Vec<(String, Arc<Located>)> {
+        let table = self.located.lock().unwrap_or_else(|e| e.into_inner());
+        table
+            .iter()
+            .filter_map(|((_, _, uid), w)| Some((uid.to_string(), w.upgrade()?)))
+            .collect()
+    }
+
     pub fn finalizer_prefixes(&self) -> &[String] {
         &self.finalizer_prefixes
     }

@@ -392,6 +392,25 @@ async fn ensure_open(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write) -> Re
         cluster: c.label.clone(),
         message: format!("MoveWindow {}: {e}", opts.name),
     })?;
+    // With the pin's admission policies installed, the window binds them too, so that it
+    // pins inside the API server even while no handoff replica runs.
+    if crate::admission_policy::apply::pin_installed(&c.client)
+        .await
+        .map_err(api_err(c, "reading the MutatingAdmissionPolicy"))?
+    {
+        let labels = spec
+            .deployment_selector
+            .clone()
+            .unwrap_or_else(crate::resources::move_window::default_deployment_selector);
+        crate::admission_policy::apply::bind_window(&c.client, &opts.name, &labels)
+            .await
+            .map_err(api_err(c, format!("binding the pin's admission policies to MoveWindow {}", opts.name)))?;
+        let _ = writeln!(
+            out,
+            "{}: bound the pin's MutatingAdmissionPolicies to MoveWindow {}",
+            c.label, opts.name
+        );
+    }
     record(c, &opts.name, |s| {
         if s.phase.as_deref() != Some("Open") {
             // A new opening: what an earlier window recorded about its pods no longer holds.
@@ -808,6 +827,17 @@ async fn close_one(
         )
         .await
         .map_err(api_err(c, format!("closing MoveWindow {}", opts.name)))?;
+    }
+    // Then unbound: the restores below must not be pinned again inside the API server.
+    if crate::admission_policy::apply::unbind_window(&c.client, &opts.name)
+        .await
+        .map_err(api_err(c, format!("removing MoveWindow {}'s admission policy bindings", opts.name)))?
+    {
+        let _ = writeln!(
+            out,
+            "{}: removed the pin's MutatingAdmissionPolicyBindings of MoveWindow {}",
+            c.label, opts.name
+        );
     }
     let status = record(c, &opts.name, |s| {
         if s.phase.as_deref() != Some("Closed") {

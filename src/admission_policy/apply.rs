@@ -1,0 +1,392 @@
+//! `handoff policy install | uninstall | show`, the parameter publisher that `handoff serve`
+//! runs, and the window bindings that `handoff window open | close` manage: the I/O around
+//! the pure renderings of `admission_policy`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
+use serde_json::Value;
+
+use super::*;
+use crate::policy::identity::Located;
+use crate::policy::sync_finalizer::NamespaceMeta;
+use crate::resources::move_window::{MoveWindow, default_deployment_selector};
+
+const GROUP_VERSION: &str = "admissionregistration.k8s.io/v1";
+
+/// Which admission policy APIs the cluster serves, read from discovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    pub validating: bool,
+    pub mutating: bool,
+    /// The MoveWindow CRD, the pin's parameter kind.
+    pub move_windows: bool,
+}
+
+pub async fn served(client: &kube::Client) -> Result<Served, kube::Error> {
+    let resources = match client.list_api_group_resources(GROUP_VERSION).await {
+        Ok(list) => list.resources,
+        Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let has = |name: &str| resources.iter().any(|r| r.name == name);
+    let move_windows = match client.list_api_group_resources("handoff.dev/v1alpha1").await {
+        Ok(list) => list.resources.iter().any(|r| r.name == "movewindows"),
+        Err(kube::Error::Api(e)) if e.code == 404 => false,
+        Err(e) => return Err(e),
+    };
+    Ok(Served {
+        validating: has("validatingadmissionpolicies")
+            && has("validatingadmissionpolicybindings"),
+        mutating: has("mutatingadmissionpolicies") && has("mutatingadmissionpolicybindings"),
+        move_windows,
+    })
+}
+
+fn resource(kind: &str) -> ApiResource {
+    let lower = kind.to_ascii_lowercase();
+    let plural = match lower.strip_suffix('y') {
+        Some(stem) => format!("{stem}ies"),
+        None => format!("{lower}s"),
+    };
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+        &plural,
+    )
+}
+
+fn api_for(client: &kube::Client, obj: &Value) -> (Api<DynamicObject>, String) {
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let api = if kind == "ConfigMap" {
+        let ar = ApiResource::erase::<ConfigMap>(&());
+        let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
+        Api::namespaced_with(client.clone(), ns, &ar)
+    } else {
+        Api::all_with(client.clone(), &resource(kind))
+    };
+    (api, name)
+}
+
+/// Server-side apply, forced: handoff owns these objects' fields.
+pub async fn apply(client: &kube::Client, obj: &Value) -> Result<(), kube::Error> {
+    let (api, name) = api_for(client, obj);
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Delete if present; `true` when something was deleted.
+async fn delete(client: &kube::Client, obj: &Value) -> Result<bool, kube::Error> {
+    let (api, name) = api_for(client, obj);
+    match api.delete(&name, &DeleteParams::default()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn describe(obj: &Value) -> String {
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+/// What `handoff policy` is asked to install.
+#[derive(Debug, Clone)]
+pub struct Install {
+    pub ids: Identities,
+    pub rollout: Rollout,
+    pub params: ParamsRef,
+    pub own: OwnDeployment,
+}
+
+/// The sync targets the cluster's namespaces name now, hashed as the webhook hashes them.
+pub async fn located_in_cluster(
+    client: &kube::Client,
+    ids: &Identities,
+) -> Result<Vec<(String, Arc<Located>)>, kube::Error> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let list = api.list_metadata(&ListParams::default()).await?;
+    // Hold every namespace's meta while the located table is read: it keeps weak references.
+    let metas: Vec<NamespaceMeta> = list
+        .items
+        .iter()
+        .map(|n: &PartialObjectMeta<Namespace>| {
+            NamespaceMeta::from_annotations(n.metadata.annotations.as_ref(), ids)
+        })
+        .collect();
+    let located = ids.located_targets();
+    drop(metas);
+    Ok(located)
+}
+
+/// Everything `install` applies, in the order it applies it, for the APIs the cluster serves
+/// (all of them when `served` is `None`: `show` without a cluster).
+pub fn objects(
+    inst: &Install,
+    dir: &Directory,
+    served: Served,
+    open_windows: &[(String, LabelSelector)],
+) -> Vec<Value> {
+    let mut out = Vec::new();
+    if served.validating {
+        // The parameter before the binding that reads it.
+        out.push(params_object(&inst.params, &dir.data));
+        out.push(guard_policy(&inst.ids, &inst.rollout));
+        out.push(guard_binding(&inst.params, inst.rollout.sync_finalizer));
+    }
+    if served.mutating && served.move_windows {
+        out.push(pin_policy(&inst.own, &inst.rollout));
+        out.push(pin_scale_policy(&inst.own, &inst.rollout));
+        for (w, sel) in open_windows {
+            out.extend(window_bindings(w, sel));
+        }
+    }
+    out
+}
+
+/// What stays on the webhook, said plainly, for what the cluster does not serve.
+pub fn gaps(served: Served) -> Vec<String> {
+    let mut out = Vec::new();
+    if !served.validating {
+        out.push(format!("this API server does not serve ValidatingAdmissionPolicy ({GROUP_VERSION}, Kubernetes 1.30+): the sync-finalizer guard stays on the webhook alone"));
+    }
+    if !served.mutating {
+        out.push(format!("this API server does not serve MutatingAdmissionPolicy ({GROUP_VERSION}, Kubernetes 1.36+): the move-window pin stays on the webhook alone"));
+    } else if !served.move_windows {
+        out.push("the MoveWindow CRD is not installed (handoff crd | kubectl apply -f -): the move-window pin's policies, whose parameter is the MoveWindow, are not installed".to_string());
+    }
+    out
+}
+
+async fn open_windows(
+    client: &kube::Client,
+    served: Served,
+) -> Result<Vec<(String, LabelSelector)>, kube::Error> {
+    if !served.move_windows {
+        return Ok(Vec::new());
+    }
+    let api: Api<MoveWindow> = Api::all(client.clone());
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .into_iter()
+        .filter(|w| w.spec.is_open())
+        .filter_map(|w| {
+            let sel = w
+                .spec
+                .deployment_selector
+                .clone()
+                .unwrap_or_else(default_deployment_selector);
+            Some((w.metadata.name?, sel))
+        })
+        .collect())
+}
+
+/// What `show` prints and `install` applies: the objects and the notes about them.
+pub async fn plan(
+    client: &kube::Client,
+    inst: &Install,
+) -> anyhow::Result<(Vec<Value>, Vec<String>)> {
+    let served = served(client).await?;
+    let located = located_in_cluster(client, &inst.ids).await?;
+    let dir = directory(&inst.ids, &located);
+    let windows = open_windows(client, served).await?;
+    let mut notes = gaps(served);
+    notes.extend(
+        dir.skipped
+            .iter()
+            .map(|s| format!("not published (the webhook still resolves it): {s}")),
+    );
+    Ok((objects(inst, &dir, served, &windows), notes))
+}
+
+pub fn render_yaml(objects: &[Value]) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for o in objects {
+        out.push_str("---\n");
+        out.push_str(&crate::yaml::to_string(o).map_err(|e| anyhow::anyhow!(e))?);
+    }
+    Ok(out)
+}
+
+pub async fn install(
+    client: &kube::Client,
+    inst: &Install,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
+    let (objects, notes) = plan(client, inst).await?;
+    for n in &notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    if objects.iter().any(|o| o["kind"] == "ConfigMap") {
+        let ns: Api<Namespace> = Api::all(client.clone());
+        if ns.get_opt(&inst.params.namespace).await?.is_none() {
+            anyhow::bail!(
+                "namespace {} does not exist: apply the manifests first (kubectl apply -k manifests/overlays/cert-manager), create it, or pass --params NAMESPACE/NAME",
+                inst.params.namespace
+            );
+        }
+    }
+    for o in &objects {
+        apply(client, o)
+            .await
+            .map_err(|e| anyhow::anyhow!("applying {}: {e}", describe(o)))?;
+        let _ = writeln!(out, "applied {}", describe(o));
+    }
+    if let Some(cm) = objects.iter().find(|o| o["kind"] == "ConfigMap") {
+        let n = cm["data"].as_object().map(|d| d.len()).unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "published {n} sync-target identities in ConfigMap {}",
+            inst.params
+        );
+    }
+    Ok(())
+}
+
+/// Remove everything `install` and `window open` created: bindings first (so that no policy
+/// is ever bound without its parameter), then the policies, then the parameter.
+pub async fn uninstall(
+    client: &kube::Client,
+    params: &ParamsRef,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
+    let served = served(client).await?;
+    let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+    let mut doomed: Vec<Value> = Vec::new();
+    for (served, kinds) in [
+        (
+            served.validating,
+            ["ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy"],
+        ),
+        (
+            served.mutating,
+            ["MutatingAdmissionPolicyBinding", "MutatingAdmissionPolicy"],
+        ),
+    ] {
+        if !served {
+            continue;
+        }
+        for kind in kinds {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource(kind));
+            let mut names: Vec<String> = api
+                .list_metadata(&ListParams::default().labels(&selector))
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|o| o.metadata.name)
+                .collect();
+            // And the fixed names, in case a label was edited away.
+            for fixed in [GUARD_POLICY, PIN_POLICY, PIN_SCALE_POLICY] {
+                if !kind.ends_with("Binding") || fixed == GUARD_POLICY {
+                    names.push(fixed.to_string());
+                }
+            }
+            names.sort();
+            names.dedup();
+            for n in names {
+                doomed.push(serde_json::json!({"kind": kind, "metadata": {"name": n}}));
+            }
+        }
+    }
+    // Bindings before policies.
+    doomed.sort_by_key(|o| !o["kind"].as_str().unwrap_or_default().ends_with("Binding"));
+    doomed.push(
+        serde_json::json!({"kind": "ConfigMap", "metadata": {"name": params.name, "namespace": params.namespace}}),
+    );
+    for o in &doomed {
+        if delete(client, o)
+            .await
+            .map_err(|e| anyhow::anyhow!("deleting {}: {e}", describe(o)))?
+        {
+            let _ = writeln!(out, "deleted {}", describe(o));
+        }
+    }
+    for g in gaps(served) {
+        let _ = writeln!(out, "note: {g}");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// `handoff serve`: keep the parameter current.
+
+/// Publish `dir` if the parameter ConfigMap exists (the policy is installed) and says
+/// something else. Every replica may do this: they write the same content with the same field
+/// manager. Returns whether it wrote.
+pub async fn publish(
+    client: &kube::Client,
+    params: &ParamsRef,
+    data: &BTreeMap<String, String>,
+) -> Result<bool, kube::Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &params.namespace);
+    let Some(current) = api.get_opt(&params.name).await? else {
+        return Ok(false);
+    };
+    if current.data.as_ref().unwrap_or(&BTreeMap::new()) == data {
+        return Ok(false);
+    }
+    apply(client, &params_object(params, data)).await?;
+    Ok(true)
+}
+
+// ---------------------------------------------------------------------------------------------
+// `handoff window open | close`.
+
+/// Whether the pin's policies are installed (and the API serves them): only then does a
+/// window get bindings.
+pub async fn pin_installed(client: &kube::Client) -> Result<bool, kube::Error> {
+    if !served(client).await?.mutating {
+        return Ok(false);
+    }
+    let api: Api<DynamicObject> =
+        Api::all_with(client.clone(), &resource("MutatingAdmissionPolicy"));
+    Ok(api.get_opt(PIN_POLICY).await?.is_some())
+}
+
+pub async fn bind_window(
+    client: &kube::Client,
+    window: &str,
+    selector: &LabelSelector,
+) -> Result<(), kube::Error> {
+    for b in window_bindings(window, selector) {
+        apply(client, &b).await?;
+    }
+    Ok(())
+}
+
+/// Remove a window's bindings; `true` when any was there.
+pub async fn unbind_window(client: &kube::Client, window: &str) -> Result<bool, kube::Error> {
+    if !served(client).await?.mutating {
+        return Ok(false);
+    }
+    let mut any = false;
+    for scale in [false, true] {
+        let o = serde_json::json!({"kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": binding_name(window, scale)}});
+        any |= delete(client, &o).await?;
+    }
+    Ok(any)
+}
+
+/// A short summary for `policy show` on stderr.
+pub fn summary(objects: &[Value]) -> String {
+    let mut s = String::new();
+    for o in objects {
+        let _ = writeln!(s, "  {}", describe(o));
+    }
+    s
+}

@@ -1,0 +1,141 @@
+use super::*;
+use crate::policy::identity::NamespaceLocator;
+
+const LOCATOR: &str = r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root:org:ws","namespace":"test"}"#;
+
+#[test]
+fn username_keys_are_valid_configmap_keys_and_distinct() {
+    let users = [
+        "system:serviceaccount:edge:syncer",
+        "system_serviceaccount_3aedge:syncer",
+        "alice@example.com",
+        "https://issuer.example.com#sub",
+        "a b",
+        "a_b",
+        "a_5fb",
+    ];
+    let keys: Vec<String> = users.iter().map(|u| username_key(u).unwrap()).collect();
+    for k in &keys {
+        assert!(
+            k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)),
+            "{k}"
+        );
+    }
+    let mut distinct = keys.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), keys.len(), "{keys:?}");
+    assert_eq!(
+        username_key("system:serviceaccount:edge:syncer").unwrap(),
+        "u.system_3aserviceaccount_3aedge_3asyncer"
+    );
+    let e = username_key("o'brien").unwrap_err();
+    assert!(e.contains("o'brien") && e.contains("'\\''"), "{e}");
+    assert!(username_key(&"x".repeat(300)).is_err());
+}
+
+#[test]
+fn the_policy_computes_the_same_username_key() {
+    // The CEL chain applies the escapes in order, '_' first; replaying it here must give what
+    // username_key gives.
+    let cel = cel_username_key();
+    for u in ["a_b:c@d", "x_3ay", "plain"] {
+        let mut k = format!("u.{u}");
+        for (c, e) in ESCAPES {
+            k = k.replace(c, e);
+        }
+        assert_eq!(k, username_key(u).unwrap());
+        assert!(cel.contains(".replace('_', '_5f')"));
+    }
+    let first = cel.find("'_'").unwrap();
+    let colon = cel.find("':'").unwrap();
+    assert!(first < colon, "{cel}");
+}
+
+#[test]
+fn directory_publishes_config_and_located_syncers() {
+    let mut ids = Identities::default();
+    ids.add_key("system:serviceaccount:edge:syncer", "K1");
+    ids.add_cluster_name("legacy-syncer", "root:org:ws", "us-west1");
+    let loc: NamespaceLocator = serde_json::from_str(LOCATOR).unwrap();
+    let located = ids.locate_shared(&loc);
+    let dir = directory(&ids, &[("syncTargetUID".into(), located)]);
+    assert_eq!(
+        dir.data["u.system_3aserviceaccount_3aedge_3asyncer"],
+        "- - - K1"
+    );
+    assert_eq!(
+        dir.data["u.legacy-syncer"],
+        "- us-west1 root:org:ws 6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g,2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5"
+    );
+    assert_eq!(
+        dir.data["s.kcp-syncer-us-west1-1nuzj7pw"],
+        "syncTargetUID us-west1 root:org:ws 6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g,2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5"
+    );
+    assert!(dir.skipped.is_empty());
+
+    let mut bad = Identities::default();
+    bad.add_key("o'brien", "K");
+    bad.add_key("ok", "a key");
+    let dir = directory(&bad, &[]);
+    assert!(dir.data.is_empty());
+    assert_eq!(dir.skipped.len(), 2, "{:?}", dir.skipped);
+}
+
+#[test]
+fn cel_strings_escape_quotes_backslashes_and_controls() {
+    assert_eq!(cel_str("o'b\\r\n"), r"'o\'b\\r\u000a'");
+}
+
+#[test]
+fn guard_policy_matches_only_sync_target_candidates_and_never_denies_a_missing_parameter() {
+    let mut ids = Identities::default();
+    ids.add_key("legacy-syncer", "K");
+    ids.add_key("system:serviceaccount:edge:kcp-syncer-x-abcdefgh", "K");
+    let rollout = Rollout {
+        exemptions: vec![
+            Exemption::Username("alice".into()),
+            Exemption::Group("breakglass".into()),
+        ],
+        ..Rollout::default()
+    };
+    let p = guard_policy(&ids, &rollout);
+    let conds = p["spec"]["matchConditions"].as_array().unwrap();
+    let candidates = conds[0]["expression"].as_str().unwrap();
+    assert!(candidates.ends_with("|| request.userInfo.username in ['legacy-syncer']"));
+    assert_eq!(conds.len(), 3);
+    assert_eq!(p["spec"]["failurePolicy"], "Fail");
+    assert_eq!(p["spec"]["paramKind"]["kind"], "ConfigMap");
+    let b = guard_binding(&ParamsRef::default(), Mode::Warn);
+    assert_eq!(b["spec"]["paramRef"]["parameterNotFoundAction"], "Allow");
+    assert_eq!(b["spec"]["validationActions"], serde_json::json!(["Warn"]));
+}
+
+#[test]
+fn pin_policies_never_match_outside_enforce_and_skip_handoff_itself() {
+    let own = OwnDeployment {
+        namespace: "handoff-system".into(),
+        name: "handoff-pin".into(),
+    };
+    let enforce = pin_policy(&own, &Rollout::default());
+    let conds = enforce["spec"]["matchConditions"].as_array().unwrap();
+    assert_eq!(
+        conds[0]["expression"],
+        "!(request.namespace == 'handoff-system' && request.name == 'handoff-pin')"
+    );
+    let warn = pin_scale_policy(
+        &own,
+        &Rollout {
+            move_window: Mode::Warn,
+            ..Rollout::default()
+        },
+    );
+    assert_eq!(warn["spec"]["matchConditions"][0]["expression"], "false");
+    assert_eq!(warn["spec"]["failurePolicy"], "Ignore");
+    let [d, s] = window_bindings("move-1", &crate::resources::move_window::default_deployment_selector());
+    assert_eq!(d["metadata"]["name"], "handoff-pin-move-1");
+    assert_eq!(s["metadata"]["name"], "handoff-pin-move-1-scale");
+    assert!(d["spec"]["matchResources"]["objectSelector"]["matchExpressions"].is_array());
+    assert!(s["spec"]["matchResources"].get("objectSelector").is_none());
+}
