@@ -249,6 +249,14 @@ struct ServeArgs {
         default_value = "sync-finalizer,move-window"
     )]
     webhooks: Vec<Webhook>,
+    /// The ConfigMap in which the guard publishes sync-target identities for its
+    /// ValidatingAdmissionPolicy (`handoff policy install` creates it; while it is absent
+    /// nothing is written).
+    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-sync-targets")]
+    policy_params: handoff::admission_policy::ParamsRef,
+    /// How often the guard compares that ConfigMap with what it computes, and updates it.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    policy_publish_interval: Duration,
     #[command(flatten)]
     state: StateArgs,
 }
@@ -662,6 +670,14 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(client) = client {
+        if state.serving.guard {
+            tokio::spawn(handoff::admission_policy::apply::keep_published(
+                client.clone(),
+                state.clone(),
+                a.policy_params.clone(),
+                a.policy_publish_interval,
+            ));
+        }
         handoff::state::cluster::spawn_watches(client, state.clone());
     }
     tokio::spawn(store.clone().watch(a.cert_reload_interval, metrics.clone()));

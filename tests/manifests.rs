@@ -18,7 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Namespace, Probe, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -37,6 +37,8 @@ struct Rendered {
     service_accounts: Vec<ServiceAccount>,
     cluster_roles: Vec<ClusterRole>,
     cluster_role_bindings: Vec<ClusterRoleBinding>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
     deployments: Vec<Deployment>,
     services: Vec<Service>,
     pdbs: Vec<PodDisruptionBudget>,
@@ -163,6 +165,10 @@ fn parse_all(text: &str, kustomization: &str) -> Rendered {
             }
             ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
                 rendered.cluster_role_bindings.push(typed(&value, &place))
+            }
+            ("rbac.authorization.k8s.io/v1", "Role") => rendered.roles.push(typed(&value, &place)),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => {
+                rendered.role_bindings.push(typed(&value, &place))
             }
             ("apps/v1", "Deployment") => rendered.deployments.push(typed(&value, &place)),
             ("policy/v1", "PodDisruptionBudget") => rendered.pdbs.push(typed(&value, &place)),
@@ -695,6 +701,21 @@ fn check_in_cluster(r: &Rendered) {
             "list",
         ),
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingadmissionpolicies",
+            "get",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingadmissionpolicybindings",
+            "create",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingadmissionpolicybindings",
+            "delete",
+        ),
     ] {
         assert!(
             rules_of(operator)
@@ -724,6 +745,26 @@ fn check_in_cluster(r: &Rendered) {
         assert_eq!(subjects[0].name, server);
         assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
     }
+
+    // The guard's one write: the policy parameter ConfigMap, by name, in its own namespace.
+    assert_eq!(r.roles.len(), 1);
+    let params = &r.roles[0];
+    assert_eq!(name(&params.metadata), "handoff-guard-policy-params");
+    assert_eq!(params.metadata.namespace.as_deref(), Some(NAMESPACE));
+    let rules = params.rules.as_deref().unwrap_or_default();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].resources.as_deref(), Some(&strings(&["configmaps"])[..]));
+    assert_eq!(
+        rules[0].resource_names.as_deref(),
+        Some(&strings(&["handoff-sync-targets"])[..])
+    );
+    assert_eq!(rules[0].verbs, strings(&["get", "patch"]));
+    assert_eq!(r.role_bindings.len(), 1);
+    let rb = &r.role_bindings[0];
+    assert_eq!(rb.role_ref.name, "handoff-guard-policy-params");
+    let subjects = rb.subjects.as_deref().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].name, "handoff-guard");
 
     // One Deployment, Service and PodDisruptionBudget per webhook (DESIGN §1.3).
     assert_eq!(r.deployments.len(), 2);
@@ -1034,6 +1075,8 @@ fn base_renders_typed_objects_that_keep_every_field() {
             "Namespace",
             "PodDisruptionBudget",
             "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
             "Service",
             "Service",
             "ServiceAccount",

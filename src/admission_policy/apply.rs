@@ -390,3 +390,40 @@ pub fn summary(objects: &[Value]) -> String {
     }
     s
 }
+
+/// `handoff serve`: keep the guard policy's parameter equal to what this replica can compute,
+/// while the policy is installed. Waits for the namespace cache: a partial view would drop
+/// identities the policy still needs.
+pub async fn keep_published(
+    client: kube::Client,
+    state: Arc<crate::state::State>,
+    params: ParamsRef,
+    interval: std::time::Duration,
+) {
+    let mut last_error: Option<String> = None;
+    loop {
+        if state.namespaces.is_synced() && state.namespaces_stale().is_none() {
+            let dir = directory(&state.ids, &state.ids.located_targets());
+            match publish(&client, &params, &dir.data).await {
+                Ok(true) => {
+                    tracing::info!(
+                        configmap = %params,
+                        identities = dir.data.len(),
+                        skipped = ?dir.skipped,
+                        "published sync-target identities for the admission policy"
+                    );
+                    last_error = None;
+                }
+                Ok(false) => last_error = None,
+                Err(e) => {
+                    let e = e.to_string();
+                    if last_error.as_deref() != Some(&e) {
+                        tracing::warn!(configmap = %params, error = %e, "cannot publish sync-target identities for the admission policy; it keeps the last published ones");
+                    }
+                    last_error = Some(e);
+                }
+            }
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
