@@ -77,7 +77,12 @@ struct PolicyArgs {
     #[arg(long, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
     /// The ConfigMap in which sync-target identities are published for the guard's policy.
-    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-sync-targets", global = true)]
+    #[arg(
+        long,
+        value_name = "NS/NAME",
+        default_value = "handoff-system/handoff-sync-targets",
+        global = true
+    )]
     params: handoff::admission_policy::ParamsRef,
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned.
     #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-pin", value_parser = own_deployment, global = true)]
@@ -252,7 +257,11 @@ struct ServeArgs {
     /// The ConfigMap in which the guard publishes sync-target identities for its
     /// ValidatingAdmissionPolicy (`handoff policy install` creates it; while it is absent
     /// nothing is written).
-    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-sync-targets")]
+    #[arg(
+        long,
+        value_name = "NS/NAME",
+        default_value = "handoff-system/handoff-sync-targets"
+    )]
     policy_params: handoff::admission_policy::ParamsRef,
     /// How often the guard compares that ConfigMap with what it computes, and updates it.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]

@@ -753,7 +753,10 @@ fn check_in_cluster(r: &Rendered) {
     assert_eq!(params.metadata.namespace.as_deref(), Some(NAMESPACE));
     let rules = params.rules.as_deref().unwrap_or_default();
     assert_eq!(rules.len(), 1);
-    assert_eq!(rules[0].resources.as_deref(), Some(&strings(&["configmaps"])[..]));
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&strings(&["configmaps"])[..])
+    );
     assert_eq!(
         rules[0].resource_names.as_deref(),
         Some(&strings(&["handoff-sync-targets"])[..])

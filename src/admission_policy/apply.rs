@@ -35,14 +35,16 @@ pub async fn served(client: &kube::Client) -> Result<Served, kube::Error> {
         Err(e) => return Err(e),
     };
     let has = |name: &str| resources.iter().any(|r| r.name == name);
-    let move_windows = match client.list_api_group_resources("handoff.dev/v1alpha1").await {
+    let move_windows = match client
+        .list_api_group_resources("handoff.dev/v1alpha1")
+        .await
+    {
         Ok(list) => list.resources.iter().any(|r| r.name == "movewindows"),
         Err(kube::Error::Api(e)) if e.code == 404 => false,
         Err(e) => return Err(e),
     };
     Ok(Served {
-        validating: has("validatingadmissionpolicies")
-            && has("validatingadmissionpolicybindings"),
+        validating: has("validatingadmissionpolicies") && has("validatingadmissionpolicybindings"),
         mutating: has("mutatingadmissionpolicies") && has("mutatingadmissionpolicybindings"),
         move_windows,
     })
@@ -62,7 +64,10 @@ fn resource(kind: &str) -> ApiResource {
 
 fn api_for(client: &kube::Client, obj: &Value) -> (Api<DynamicObject>, String) {
     let kind = obj["kind"].as_str().unwrap_or_default();
-    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let api = if kind == "ConfigMap" {
         let ar = ApiResource::erase::<ConfigMap>(&());
         let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
@@ -271,7 +276,10 @@ pub async fn uninstall(
     for (served, kinds) in [
         (
             served.validating,
-            ["ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy"],
+            [
+                "ValidatingAdmissionPolicyBinding",
+                "ValidatingAdmissionPolicy",
+            ],
         ),
         (
             served.mutating,

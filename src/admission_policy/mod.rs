@@ -151,7 +151,9 @@ fn token(s: Option<&str>) -> Option<&str> {
 fn entry(uid: Option<&str>, target: &SyncTarget) -> Result<String, String> {
     let keys: Vec<&str> = target.keys.iter().map(|k| k.0.as_str()).collect();
     if keys.is_empty() || keys.iter().any(|k| token(Some(k)) != Some(k)) {
-        return Err(format!("{target}: a key is empty or holds a space or a comma"));
+        return Err(format!(
+            "{target}: a key is empty or holds a space or a comma"
+        ));
     }
     let (Some(uid), Some(name), Some(cluster)) = (
         token(uid),
@@ -183,7 +185,10 @@ pub fn directory(ids: &Identities, located: &[(String, std::sync::Arc<Located>)]
         let Located::Target { id, target } = l.as_ref() else {
             continue;
         };
-        let sa = format!("kcp-syncer-{}-{id}", target.name.as_deref().unwrap_or_default());
+        let sa = format!(
+            "kcp-syncer-{}-{id}",
+            target.name.as_deref().unwrap_or_default()
+        );
         let key = service_account_key(&sa);
         if !key
             .bytes()
@@ -201,8 +206,7 @@ pub fn directory(ids: &Identities, located: &[(String, std::sync::Arc<Located>)]
                 // clusters: keep both key sets, so that either hold counts.
                 let v = match dir.data.get(&key) {
                     Some(old) if old != &v => {
-                        let mut parts: Vec<String> =
-                            old.split(' ').map(str::to_string).collect();
+                        let mut parts: Vec<String> = old.split(' ').map(str::to_string).collect();
                         let new_keys = v.rsplit(' ').next().unwrap_or_default();
                         for k in new_keys.split(',') {
                             if !parts[3].split(',').any(|o| o == k) {
@@ -509,9 +513,7 @@ fn window_open_condition() -> Value {
 
 /// A count the webhook can read back (`SavedReplicas::parse`): a non-negative i32.
 fn cel_readable(s: &str) -> String {
-    format!(
-        "({s}.trim().matches('^[+]?[0-9]{{1,10}}$') && int({s}.trim()) <= 2147483647)"
-    )
+    format!("({s}.trim().matches('^[+]?[0-9]{{1,10}}$') && int({s}.trim()) <= 2147483647)")
 }
 
 /// The pin for Deployments: `replicas: 0` and the count asked for in
@@ -632,9 +634,7 @@ fn mode_name(mode: Mode) -> &'static str {
 /// The bindings that make an open MoveWindow pin through the policies: its Deployments by its
 /// selector, and scale requests for the Deployments it lists as pinned.
 pub fn window_bindings(window: &str, selector: &LabelSelector) -> [Value; 2] {
-    let meta = |name: String| {
-        json!({"name": name, "labels": {MANAGED_BY.0: MANAGED_BY.1, WINDOW_LABEL: window}})
-    };
+    let meta = |name: String| json!({"name": name, "labels": {MANAGED_BY.0: MANAGED_BY.1, WINDOW_LABEL: window}});
     let param = json!({"name": window, "parameterNotFoundAction": "Allow"});
     [
         json!({

@@ -133,7 +133,10 @@ fn pin_policies_never_match_outside_enforce_and_skip_handoff_itself() {
     );
     assert_eq!(warn["spec"]["matchConditions"][0]["expression"], "false");
     assert_eq!(warn["spec"]["failurePolicy"], "Ignore");
-    let [d, s] = window_bindings("move-1", &crate::resources::move_window::default_deployment_selector());
+    let [d, s] = window_bindings(
+        "move-1",
+        &crate::resources::move_window::default_deployment_selector(),
+    );
     assert_eq!(d["metadata"]["name"], "handoff-pin-move-1");
     assert_eq!(s["metadata"]["name"], "handoff-pin-move-1-scale");
     assert!(d["spec"]["matchResources"]["objectSelector"]["matchExpressions"].is_array());

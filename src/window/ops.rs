@@ -404,7 +404,13 @@ async fn ensure_open(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write) -> Re
             .unwrap_or_else(crate::resources::move_window::default_deployment_selector);
         crate::admission_policy::apply::bind_window(&c.client, &opts.name, &labels)
             .await
-            .map_err(api_err(c, format!("binding the pin's admission policies to MoveWindow {}", opts.name)))?;
+            .map_err(api_err(
+                c,
+                format!(
+                    "binding the pin's admission policies to MoveWindow {}",
+                    opts.name
+                ),
+            ))?;
         let _ = writeln!(
             out,
             "{}: bound the pin's MutatingAdmissionPolicies to MoveWindow {}",
@@ -542,6 +548,59 @@ async fn pin_selected(
     Ok(keys)
 }
 
+/// Where the pin's admission policies are bound, wait until the API server enforces them: its
+/// policy and parameter caches follow the writes by a moment. A server-side dry run that asks
+/// a pinned Deployment (and its scale) for one replica must come back with zero.
+async fn wait_policy_in_force(
+    c: &Cluster,
+    (ns, name): &(String, String),
+    out: &mut dyn Write,
+) -> Result<()> {
+    if !crate::admission_policy::apply::pin_installed(&c.client)
+        .await
+        .map_err(api_err(c, "reading the MutatingAdmissionPolicy"))?
+    {
+        return Ok(());
+    }
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), ns);
+    let dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let ask = Patch::Merge(json!({"spec": {"replicas": 1}}));
+    let start = tokio::time::Instant::now();
+    loop {
+        let d = api
+            .patch(name, &dry, &ask)
+            .await
+            .map_err(api_err(c, format!("dry-run scaling {ns}/{name}")))?;
+        let s = api
+            .patch_scale(name, &dry, &ask)
+            .await
+            .map_err(api_err(c, format!("dry-run scaling {ns}/{name}/scale")))?;
+        // A Scale at 0 omits `replicas` (omitempty); a Deployment writes it out.
+        if d.spec.and_then(|s| s.replicas) == Some(0)
+            && s.spec.and_then(|s| s.replicas).unwrap_or(0) == 0
+        {
+            let _ = writeln!(
+                out,
+                "{}: the API server's admission policies pin {ns}/{name} (checked with a dry run)",
+                c.label
+            );
+            return Ok(());
+        }
+        if start.elapsed() >= Duration::from_secs(15) {
+            let _ = writeln!(
+                out,
+                "warning: {}: after 15s a dry run of {ns}/{name} at 1 replica is still not pinned by the API server's admission policies; the webhook pins meanwhile, if it runs",
+                c.label
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Pods of the given Deployments that still exist (terminating ones included).
 async fn remaining_pods(c: &Cluster, keys: &[(String, String)]) -> Result<Vec<(String, usize)>> {
     let mut left = Vec::new();
@@ -642,6 +701,9 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
     let mut opened = Vec::new();
     for (c, selector) in clusters.iter().zip(&in_force) {
         let keys = pin_selected(c, opts, selector, out).await?;
+        if let Some(first) = keys.first() {
+            wait_policy_in_force(c, first, out).await?;
+        }
         opened.push((c.clone(), keys));
     }
     if !opts.wait_timeout.is_zero() {
@@ -831,7 +893,13 @@ async fn close_one(
     // Then unbound: the restores below must not be pinned again inside the API server.
     if crate::admission_policy::apply::unbind_window(&c.client, &opts.name)
         .await
-        .map_err(api_err(c, format!("removing MoveWindow {}'s admission policy bindings", opts.name)))?
+        .map_err(api_err(
+            c,
+            format!(
+                "removing MoveWindow {}'s admission policy bindings",
+                opts.name
+            ),
+        ))?
     {
         let _ = writeln!(
             out,
