@@ -428,7 +428,10 @@ fn pin_run(api: &ApiServer) -> Vec<(&'static str, (i64, Option<String>))> {
         ],
         None,
     );
-    seen.push(("saved count overwritten with garbage", deployment(api, "pin-capi", "u")));
+    seen.push((
+        "saved count overwritten with garbage",
+        deployment(api, "pin-capi", "u"),
+    ));
     let dry = kubectl_ok(
         api,
         &["create", "--dry-run=server", "-o", "json", "-f", "-"],
@@ -772,4 +775,119 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
         pins,
         late_scale,
     }
+}
+
+/// `handoff serve` keeps the parameter current: a sync target that appears after `policy
+/// install` is published, and stays held by the policy once no replica runs.
+#[test]
+fn serve_publishes_new_sync_targets_and_the_policy_holds_them_without_it() {
+    if skip() {
+        return;
+    }
+    use handoff::policy::identity::{KeyScheme, sync_target_key, syncer_id};
+    let api = ApiServer::start();
+    rbac_for_handoff(&api);
+    let out = handoff_cmd(&api, &["policy", "install"]);
+    assert!(
+        out.status.success(),
+        "policy install: {}",
+        text(&out.stderr)
+    );
+
+    let id = syncer_id("apUID");
+    let sa = format!("kcp-syncer-ap-south1-{id}");
+    let user = format!("system:serviceaccount:{sa}:{sa}");
+    let key = sync_target_key("root:org:ws", "ap-south1", KeyScheme::Current).0;
+    api.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: test-ap\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\nsubjects:\n- kind: User\n  name: {user}\n"
+    ));
+
+    let mut handoff = Handoff::start(
+        &api,
+        HANDOFF_USER,
+        &[
+            "--webhooks",
+            "sync-finalizer",
+            "--policy-publish-interval",
+            "500ms",
+        ],
+    );
+    handoff.wait_ready();
+    let locator = r#"{"syncTarget":{"cluster":"root:org:ws","name":"ap-south1","uid":"apUID"},"cluster":"root:org:ws","namespace":"shop"}"#;
+    let hold = format!("finalizers.workload.kcp.io/{key}");
+    namespace(
+        &api,
+        "kcp-ap",
+        &[("kcp.io/namespace-locator", locator), (&hold, "migration")],
+    );
+    configmap(&api, "kcp-ap", "db", &[]);
+    eventually("serve publishes the new sync target", WAIT, || {
+        let cm = api.ok(
+            ADMIN,
+            &[
+                "-n",
+                "handoff-system",
+                "get",
+                "configmap",
+                "handoff-sync-targets",
+                "-o",
+                "json",
+            ],
+        );
+        let v: Value = serde_json::from_str(&cm).ok()?;
+        v["data"][format!("s.{sa}")]
+            .as_str()
+            .filter(|e| e.starts_with("apUID ap-south1 root:org:ws ") && e.contains(&key))
+            .map(|_| ())
+    });
+    assert!(
+        handoff.log().contains("published sync-target identities"),
+        "{}",
+        handoff.log()
+    );
+    handoff.stop();
+
+    // No replica runs: the policy holds the new sync target by its published key.
+    // (Probed with dry runs: the API server loads a new policy's parameter asynchronously.)
+    eventually("the policy reads the new identity", WAIT, || {
+        let out = api.kubectl(
+            ADMIN,
+            &[
+                "-n",
+                "kcp-ap",
+                "delete",
+                "configmap",
+                "db",
+                "--dry-run=server",
+                "--as",
+                &user,
+            ],
+        );
+        text(&out.stderr)
+            .contains("sync target \"ap-south1\" (cluster root:org:ws)")
+            .then_some(())
+    });
+    let out = api.kubectl(
+        ADMIN,
+        &["-n", "kcp-ap", "delete", "configmap", "db", "--as", &user],
+    );
+    let held = text(&out.stderr);
+    assert!(
+        !out.status.success() && held.contains("is forbidden"),
+        "{held}"
+    );
+    // Lifting the hold lets it through.
+    api.ok(
+        ADMIN,
+        &["annotate", "namespace", "kcp-ap", &format!("{hold}-")],
+    );
+    eventually("the lifted hold lets the delete through", WAIT, || {
+        api.kubectl(
+            ADMIN,
+            &["-n", "kcp-ap", "delete", "configmap", "db", "--as", &user],
+        )
+        .status
+        .success()
+        .then_some(())
+    });
 }
