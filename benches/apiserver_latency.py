@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""What a webhook adds to a sync target's DELETE through a real kube-apiserver.
+"""What each engine adds to a sync target's DELETE and to a `kubectl scale` through a real
+kube-apiserver: handoff's webhooks, handoff's in-API-server admission policies, a bare TLS floor.
 
-    python3 benches/apiserver_latency.py [--deletes 400]
+    python3 benches/apiserver_latency.py [--deletes 400] [--scales 400]
 
 A real kube-apiserver (../shared/envtest) with three namespaces, each a located kcp namespace
 that nothing holds: deletes in the first are sent to `handoff serve` (the guard), in the second
@@ -12,6 +13,13 @@ each namespace (not timed) and deletes it as the syncer (impersonated), round-ro
 three, so that all three see the same moments of the shared machine; each DELETE's wall time on
 one keep-alive HTTPS connection is recorded. It prints median and p90 for each, and what handoff
 and the floor add over no webhook. Traffic stays on 127.0.0.1.
+
+A fourth namespace, `bench-policy`, is decided by the ValidatingAdmissionPolicy that `handoff
+policy install` writes (its binding narrowed to that namespace), with no webhook. Then the same
+for scale requests: a MoveWindow is open, each namespace holds a selected Deployment, and
+`PATCH .../deployments/<name>/scale` (what `kubectl scale` sends) goes to handoff's pin webhook,
+the floor, the pin's MutatingAdmissionPolicy (its scale binding narrowed to `bench-policy`), or
+nothing.
 """
 import argparse
 import base64
@@ -70,9 +78,25 @@ def wait_https(port, ctx, path):
     sys.exit(f"nothing answers on {port}")
 
 
+def report(title, targets, samples):
+    stats = {n: (statistics.median(s), statistics.quantiles(s, n=10)[-1]) for n, s in samples.items()}
+    base = stats["none"]
+    print(f"| {title} | median ms | p90 ms | added over nothing (median / p90) |")
+    print("|---|---|---|---|")
+    for name, _ in targets:
+        med, p90 = stats[name]
+        added = "-" if name == "none" else f"+{med - base[0]:.2f} / +{p90 - base[1]:.2f}"
+        print(f"| {name} | {med:.2f} | {p90:.2f} | {added} |")
+    h_add, f_add, p_add = (stats[n][0] - base[0] for n in ("handoff", "floor", "policy"))
+    if f_add > 0:
+        print(f"\nhandoff's webhook adds {h_add:.2f} ms at the median ({h_add / f_add:.2f}x the floor's "
+              f"{f_add:.2f} ms); handoff's admission policy adds {p_add:.2f} ms")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--deletes", type=int, default=400, help="deletes per target")
+    p.add_argument("--scales", type=int, default=400, help="scale requests per target")
     a = p.parse_args()
     log("building handoff and the floor (release)")
     exes = cargo_executables(["--bin", "handoff", "--example", "floor"])
@@ -95,16 +119,22 @@ def main():
         h_port, f_port, m_port = free_port(), free_port(), free_port()
         logf = open(os.path.join(work, "servers.log"), "w")
         procs.append(subprocess.Popen([exes["handoff"], "serve", "--listen", f"127.0.0.1:{h_port}", "--metrics-listen",
-                                       f"127.0.0.1:{m_port}", "--webhooks", "sync-finalizer", "--kubeconfig",
+                                       f"127.0.0.1:{m_port}", "--kubeconfig",
                                        env["KUBECONFIG"]] + tls, stdout=logf, stderr=logf))
         procs.append(subprocess.Popen([exes["floor"], "--listen", f"127.0.0.1:{f_port}"] + tls, stdout=logf, stderr=logf))
+        kube = dict(os.environ, KUBECONFIG=env["KUBECONFIG"])
+        crd = subprocess.run([exes["handoff"], "crd"], check=True, stdout=subprocess.PIPE, text=True).stdout
+        subprocess.run(["kubectl", "apply", "-f", "-"], input=crd, env=kube, check=True, text=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run(["kubectl", "wait", "--for=condition=Established", "crd/movewindows.handoff.dev"],
+                       env=kube, check=True, stdout=subprocess.DEVNULL)
         wait_https(h_port, hook_ctx, "/readyz")
         wait_https(f_port, hook_ctx, "/readyz")
 
         conn = http.client.HTTPSConnection("127.0.0.1", api_port, context=api_ctx)
 
-        def call(method, path, body=None, syncer=False):
-            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        def call(method, path, body=None, syncer=False, content="application/json"):
+            headers = {"Authorization": f"Bearer {token}", "Content-Type": content}
             if syncer:
                 headers["Impersonate-User"] = SYNCER
             conn.request(method, path, json.dumps(body) if body is not None else None, headers)
@@ -119,7 +149,7 @@ def main():
             "metadata": {"name": "bench-syncer"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
             "subjects": [{"kind": "User", "name": SYNCER}]})
-        targets = [("handoff", h_port), ("floor", f_port), ("none", None)]
+        targets = [("handoff", h_port), ("floor", f_port), ("policy", None), ("none", None)]
         for name, port in targets:
             call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
                 "name": f"bench-{name}", "labels": {"bench": name},
@@ -138,7 +168,15 @@ def main():
                     "matchConditions": [{"name": "kcp-syncers-only", "expression": MATCH}],
                     "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"],
                     "timeoutSeconds": 5}]})
-        time.sleep(2)  # the API server's webhook configuration informer
+        # The policies, installed as a user would, then narrowed to bench-policy.
+        call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                            "metadata": {"name": "handoff-system"}})
+        subprocess.run([exes["handoff"], "policy", "install"], env=kube, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        narrow = {"spec": {"matchResources": {"namespaceSelector": {"matchLabels": {"bench": "policy"}}}}}
+        call("PATCH", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/handoff-sync-finalizer",
+             narrow, content="application/merge-patch+json")
+        time.sleep(3)  # the API server's webhook configuration and policy informers
         samples = {n: [] for n, _ in targets}
         total = a.deletes + 20
         log(f"{total} deletes per target, interleaved (the first 20 of each are warm-up)")
@@ -150,17 +188,54 @@ def main():
                 call("DELETE", f"{path}/cm-{i}", syncer=True)
                 if i >= 20:
                     samples[name].append((time.perf_counter() - t) * 1000)
-        stats = {n: (statistics.median(s), statistics.quantiles(s, n=10)[-1]) for n, s in samples.items()}
-        base = stats["none"]
-        print(f"| DELETE by a sync target ({a.deletes} each, interleaved) | median ms | p90 ms | added over no webhook (median / p90) |")
-        print("|---|---|---|---|")
+        report(f"DELETE by a sync target ({a.deletes} each, interleaved)", targets, samples)
+
+        # Scale: a selected Deployment per namespace, a window open, the pin per namespace.
         for name, _ in targets:
-            med, p90 = stats[name]
-            added = "-" if name == "none" else f"+{med - base[0]:.2f} / +{p90 - base[1]:.2f}"
-            print(f"| {name} | {med:.2f} | {p90:.2f} | {added} |")
-        h_add, f_add = stats["handoff"][0] - base[0], stats["floor"][0] - base[0]
-        print(f"\nhandoff adds {h_add:.2f} ms at the median, the floor {f_add:.2f} ms: "
-              f"{h_add / f_add:.2f}x the floor" if f_add > 0 else "")
+            call("POST", f"/apis/apps/v1/namespaces/bench-{name}/deployments", {
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "capi", "labels": {"cluster.x-k8s.io/provider": "cluster-api",
+                                                        "clusterctl.cluster.x-k8s.io": ""}},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "capi"}},
+                         "template": {"metadata": {"labels": {"app": "capi"}},
+                                      "spec": {"containers": [{"name": "m", "image": "registry.example/m"}]}}}})
+        for name, port in targets:
+            if port is None:
+                continue
+            call("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": f"bench-{name}"},
+                "webhooks": [{
+                    "name": f"{name}.scale.bench.handoff.dev",
+                    "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate/move-window", "caBundle": ca_bundle},
+                    "rules": [{"operations": ["UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"],
+                               "resources": ["deployments/scale"], "scope": "Namespaced"}],
+                    "namespaceSelector": {"matchLabels": {"bench": name}},
+                    "failurePolicy": "Ignore", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                    "reinvocationPolicy": "IfNeeded", "timeoutSeconds": 5}]})
+        subprocess.run([exes["handoff"], "window", "open", "bench", "--wait-timeout", "0s"], env=kube, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        call("PATCH", "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings/handoff-pin-bench-scale",
+             narrow, content="application/merge-patch+json")
+        call("DELETE", "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings/handoff-pin-bench")
+        time.sleep(3)
+        samples = {n: [] for n, _ in targets}
+        total = a.scales + 20
+        log(f"{total} scale requests per target, interleaved (the first 20 of each are warm-up)")
+        for i in range(total):
+            for name, _ in targets:
+                path = f"/apis/apps/v1/namespaces/bench-{name}/deployments/capi/scale"
+                t = time.perf_counter()
+                out = json.loads(call("PATCH", path, {"spec": {"replicas": 2 + i % 2}},
+                                      content="application/merge-patch+json"))
+                if i >= 20:
+                    samples[name].append((time.perf_counter() - t) * 1000)
+                pinned = out.get("spec", {}).get("replicas", 0) == 0
+                if pinned != (name in ("handoff", "policy")):
+                    sys.exit(f"scale in bench-{name}: pinned={pinned}, which is wrong")
+        print()
+        report(f"`kubectl scale` of a selected Deployment during a window ({a.scales} each, interleaved)",
+               targets, samples)
     finally:
         for pr in procs:
             pr.terminate()

@@ -369,6 +369,10 @@ pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {
             "{ann}.filter(a, {ann}[a] != '' && variables.prefixes.exists(p, a.startsWith(p) && size(a) > size(p)))"
         )
     };
+    let unresolved = format!(
+        "variables.user + ' looks like a kcp syncer but the admission policy cannot tell which sync target it serves: ' + (variables.conv == '' ? 'handoff has published no sync target for ServiceAccount ' + variables.saName + ' (' + {hint} + ')' : 'the namespace locator does not name the sync target handoff published for it') + '. Because ' + (size(variables.nsAny) > 0 ? 'namespace \"' + request.namespace + '\"' : variables.what) + ' carries the sync finalizer ' + (size(variables.nsAny) > 0 ? variables.nsAny[0] + '=\"' + variables.nsAnn[variables.nsAny[0]] : variables.objAny[0] + '=\"' + variables.objAnn[variables.objAny[0]]) + '\", the delete of ' + variables.what + ' is refused: it could be the sync target being held. Fix the namespace locator, or name this user in handoff\\'s config file'",
+        hint = cel_str(PARAMS_HINT)
+    );
     let variables = vec![
         var("user", "request.userInfo.username".into()),
         var(
@@ -426,10 +430,7 @@ pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {
             "denial",
             format!(
                 "!variables.resolved ? (variables.saName != '' && size(variables.nsAny) + size(variables.objAny) > 0 ? {unresolved} : '') : variables.isNamespace ? (size(variables.objHolds) + size(variables.nsHolds) > 0 ? {itself} : '') : size(variables.nsHolds) > 0 ? {ns} : size(variables.objHolds) > 0 ? {obj} : ''",
-                unresolved = format!(
-                    "variables.user + ' looks like a kcp syncer but the admission policy cannot tell which sync target it serves: ' + (variables.conv == '' ? 'handoff has published no sync target for ServiceAccount ' + variables.saName + ' (' + {hint} + ')' : 'the namespace locator does not name the sync target handoff published for it') + '. Because ' + (size(variables.nsAny) > 0 ? 'namespace \"' + request.namespace + '\"' : variables.what) + ' carries the sync finalizer ' + (size(variables.nsAny) > 0 ? variables.nsAny[0] + '=\"' + variables.nsAnn[variables.nsAny[0]] : variables.objAny[0] + '=\"' + variables.objAnn[variables.objAny[0]]) + '\", the delete of ' + variables.what + ' is refused: it could be the sync target being held. Fix the namespace locator, or name this user in handoff\\'s config file'",
-                    hint = cel_str(PARAMS_HINT)
-                ),
+                unresolved = unresolved,
                 itself = ns_message("(size(variables.objHolds) > 0 ? variables.objHolds[0] : variables.nsHolds[0])", "(size(variables.objHolds) > 0 ? variables.objAnn[variables.objHolds[0]] : variables.nsAnn[variables.nsHolds[0]])", "deleting the namespace would delete everything in it"),
                 ns = ns_message("variables.nsHolds[0]", "variables.nsAnn[variables.nsHolds[0]]", "its objects stay until the hold is lifted"),
                 obj = "variables.what + ' carries the soft finalizer ' + variables.objHolds[0] + '=\"' + variables.objAnn[variables.objHolds[0]] + '\" for ' + variables.target + ', so that sync target may not delete it yet. The hold lifts when the finalizer\\'s owner removes the annotation or sets it to \"\"'",
