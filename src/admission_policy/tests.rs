@@ -142,3 +142,69 @@ fn pin_policies_never_match_outside_enforce_and_skip_handoff_itself() {
     assert!(d["spec"]["matchResources"]["objectSelector"]["matchExpressions"].is_array());
     assert!(s["spec"]["matchResources"].get("objectSelector").is_none());
 }
+
+#[test]
+fn install_writes_only_what_the_cluster_serves_and_says_what_stays_on_the_webhook() {
+    use apply::{Install, Served, gaps, objects};
+    let inst = Install {
+        ids: Identities::default(),
+        rollout: Rollout::default(),
+        params: ParamsRef::default(),
+        own: OwnDeployment {
+            namespace: "handoff-system".into(),
+            name: "handoff-pin".into(),
+        },
+    };
+    let kinds = |served| {
+        objects(
+            &inst,
+            &Directory::default(),
+            served,
+            &[(
+                "w".into(),
+                crate::resources::move_window::default_deployment_selector(),
+            )],
+        )
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap().to_string())
+        .collect::<Vec<_>>()
+    };
+    let all = Served {
+        validating: true,
+        mutating: true,
+        move_windows: true,
+    };
+    assert_eq!(
+        kinds(all),
+        [
+            "ConfigMap",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "MutatingAdmissionPolicy",
+            "MutatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding",
+            "MutatingAdmissionPolicyBinding"
+        ],
+        "the parameter before the binding that reads it; an open window's bindings too"
+    );
+    assert!(gaps(all).is_empty());
+    let before_136 = Served {
+        mutating: false,
+        ..all
+    };
+    assert_eq!(kinds(before_136).len(), 3);
+    assert!(gaps(before_136)[0].contains("the move-window pin stays on the webhook alone"));
+    let none = Served {
+        validating: false,
+        mutating: false,
+        move_windows: true,
+    };
+    assert!(kinds(none).is_empty());
+    assert_eq!(gaps(none).len(), 2);
+    let no_crd = Served {
+        move_windows: false,
+        ..all
+    };
+    assert_eq!(kinds(no_crd).len(), 3);
+    assert!(gaps(no_crd)[0].contains("MoveWindow CRD is not installed"));
+}
