@@ -410,6 +410,20 @@ pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {
             "variables.resolved ? variables.fields[3].split(',') : []".into(),
         ),
         var("prefixes", cel_list(&prefixes)),
+        // The verdict looks up the few annotations that could hold this sync target instead
+        // of scanning every annotation; the lists below are built only for a denial's message.
+        var(
+            "held",
+            "variables.keys.exists(k, variables.prefixes.exists(p, variables.nsAnn[?(p + k)].orValue('') != '' || variables.objAnn[?(p + k)].orValue('') != ''))".into(),
+        ),
+        var(
+            "anyHeld",
+            "variables.nsAnn.exists(a, variables.nsAnn[a] != '' && variables.prefixes.exists(p, a.startsWith(p) && size(a) > size(p))) || variables.objAnn.exists(a, variables.objAnn[a] != '' && variables.prefixes.exists(p, a.startsWith(p) && size(a) > size(p)))".into(),
+        ),
+        var(
+            "denied",
+            "variables.resolved ? variables.held : variables.saName != '' && variables.anyHeld".into(),
+        ),
         var("nsHolds", holds("variables.nsAnn")),
         var("objHolds", holds("variables.objAnn")),
         var("nsAny", any("variables.nsAnn")),
@@ -457,7 +471,7 @@ pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {
             "matchConditions": conditions,
             "variables": variables,
             "validations": [{
-                "expression": "variables.denial == ''",
+                "expression": "!variables.denied",
                 "messageExpression": "variables.denial",
                 "reason": "Forbidden",
             }],
