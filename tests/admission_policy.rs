@@ -708,7 +708,7 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
     let said = text(&out.stderr);
     assert!(
         said.contains("bound the pin's MutatingAdmissionPolicies to MoveWindow eq")
-            && said.contains("the API server's admission policies pin pin-capi/pre"),
+            && said.contains("pinned in the API server: a dry run asking pin-capi/pre"),
         "{said}"
     );
     wait_pinning(&api);

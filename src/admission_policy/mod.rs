@@ -332,6 +332,7 @@ pub fn validation_actions(mode: Mode) -> Value {
 pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {
     // Usernames the `kcp-syncer-` test below does not catch, as the webhook's matchCondition
     // needs them added (config::usernames_the_webhook_never_sees).
+    let explicit_users = ids.explicit().next().is_some();
     let mut extra: Vec<String> = ids
         .explicit()
         .map(|(u, _)| u.to_string())
@@ -375,13 +376,23 @@ pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {
     );
     let variables = vec![
         var("user", "request.userInfo.username".into()),
+        var("parts", "variables.user.split(':')".into()),
         var(
             "saName",
-            "size(variables.user.split(':')) == 4 && variables.user.split(':')[2] != '' && variables.user.split(':')[3].matches('^kcp-syncer-.+-[0-9a-z]{8}$') ? variables.user.split(':')[3] : ''".into(),
+            "size(variables.parts) == 4 && variables.parts[2] != '' && variables.parts[3].matches('^kcp-syncer-.+-[0-9a-z]{8}$') ? variables.parts[3] : ''".into(),
         ),
-        var("userKey", cel_username_key()),
         var("data", "params.?data.orValue({})".into()),
-        var("explicit", "variables.data[?variables.userKey].orValue('')".into()),
+        // Each CEL step costs the API server time on every syncer's delete: without explicit
+        // identities in the config file there is no `u.` entry to look up. (`handoff serve`
+        // publishes from the same config file as `install` renders from.)
+        var(
+            "explicit",
+            if explicit_users {
+                format!("variables.data[?({})].orValue('')", cel_username_key())
+            } else {
+                "''".into()
+            },
+        ),
         var(
             "conv",
             "variables.saName == '' ? '' : variables.data[?('s.' + variables.saName)].orValue('')".into(),

@@ -584,7 +584,7 @@ async fn wait_policy_in_force(
         {
             let _ = writeln!(
                 out,
-                "{}: the API server's admission policies pin {ns}/{name} (checked with a dry run)",
+                "{}: pinned in the API server: a dry run asking {ns}/{name} (and its scale) for 1 replica comes back at 0",
                 c.label
             );
             return Ok(());
