@@ -244,6 +244,26 @@ fn bad_flags_and_files_stop_start_up_naming_the_problem() {
             ],
             "cannot be used with",
         ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--kcp-kubeconfig".into(),
+                missing.clone().into(),
+            ],
+            "--kcp-kubeconfig",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--kcp-kubeconfig".into(),
+                bad_cfg.clone().into(),
+            ],
+            "--kcp-kubeconfig",
+        ),
     ];
     for (args, want) in cases {
         let (ok, _, err) = run(handoff().args(&args));
