@@ -175,10 +175,7 @@ impl Kcp {
 
     /// The watch's view of `at`, if it holds it and has proven itself current lately.
     fn from_watch(&self, at: &KcpNamespace) -> Option<Arc<KcpView>> {
-        let proven = self.watched.proven_ago()?;
-        (self.watched.is_synced() && proven <= self.max_staleness)
-            .then(|| self.watched.get(at))
-            .flatten()
+        self.watch_current().then(|| self.watched.get(at)).flatten()
     }
 
     /// A read's answer, if it began within `max_staleness`.
@@ -273,6 +270,34 @@ impl Kcp {
         .await
     }
 
+    /// Whether the wildcard watch answers now (listed, and proven current within
+    /// `max_staleness`).
+    pub fn watch_current(&self) -> bool {
+        self.watched.is_synced()
+            && self
+                .watched
+                .proven_ago()
+                .is_some_and(|ago| ago <= self.max_staleness)
+    }
+
+    /// Whether the wildcard watch has listed and is not failing: good enough for the mirror,
+    /// which holds nothing by itself (the guard never allows on a view the watch has not proven
+    /// current within `max_staleness`).
+    pub fn watch_healthy(&self) -> bool {
+        self.watched.is_synced() && self.health.stale("", Duration::ZERO).is_none()
+    }
+
+    /// The kcp namespace `at` for the mirror: the watch's view while it is healthy, however
+    /// quiet kcp has been; else as the guard reads it.
+    pub async fn namespace_for_mirror(&self, at: &KcpNamespace) -> KcpLookup {
+        if self.watch_healthy()
+            && let Some(v) = self.watched.get(at)
+        {
+            return KcpLookup::Known(v);
+        }
+        self.namespace(at).await
+    }
+
     /// How many kcp namespaces the watch holds.
     pub fn watched_len(&self) -> usize {
         self.watched.len()
@@ -322,24 +347,31 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
         round += 1;
         // Now and then apply everything again: someone may have edited what was applied.
         let resync = round % 60 == 0;
+        // Without the wildcard watch every comparison is a read of kcp: compare every 15th
+        // round only (30 s at the default 2 s), so that the mirror does not read each kcp
+        // namespace every few seconds. The guard never waits for the mirror.
+        if !kcp.watch_healthy() && round % 15 != 1 {
+            continue;
+        }
         let located = state.namespaces.located_in_kcp();
         let names: HashSet<&str> = located.iter().map(|(n, _, _)| n.as_str()).collect();
         applied.retain(|n, _| names.contains(n.as_str()));
         failing.retain(|n| names.contains(n.as_str()));
         for (name, at, held_here) in &located {
-            let want = match kcp.namespace(at).await {
+            let want = match kcp.namespace_for_mirror(at).await {
                 KcpLookup::Known(v) => v.annotations.clone(),
                 KcpLookup::Unavailable(why) => {
                     tracing::debug!(namespace = %name, kcp_namespace = %at, %why, "mirror: kcp unreadable; namespace left as it is");
                     continue;
                 }
             };
-            let unchanged = match applied.get(name) {
-                Some(last) => *last == want,
-                // Nothing to copy and nothing here that an earlier run could have copied.
-                None => want.is_empty() && !held_here,
+            let needed = match applied.get(name) {
+                Some(last) => *last != want || (resync && !want.is_empty()),
+                // Not applied by this process yet: something to copy, or a hold here that an
+                // earlier run may have copied and kcp has lifted since.
+                None => !want.is_empty() || *held_here,
             };
-            if unchanged && !resync {
+            if !needed {
                 continue;
             }
             let patch = serde_json::json!({
@@ -364,5 +396,124 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOLD: &str = "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g";
+
+    fn at() -> KcpNamespace {
+        KcpNamespace {
+            cluster: "root:org:ws".into(),
+            namespace: "test".into(),
+        }
+    }
+
+    fn held() -> Arc<KcpView> {
+        let a = BTreeMap::from([
+            (HOLD.to_string(), "glbc".to_string()),
+            ("example.com/other".to_string(), "x".to_string()),
+        ]);
+        Arc::new(KcpView::new(Some(&a), &Identities::default()))
+    }
+
+    /// kcp at a port nothing listens on.
+    fn unreachable(max_staleness: Duration) -> Kcp {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        Kcp::from_config(
+            config,
+            Identities::default(),
+            max_staleness,
+            Duration::from_secs(2),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn base_url_cuts_a_workspace_url_back_to_kcp_itself() {
+        for (server, want) in [
+            ("https://kcp.example:6443", "https://kcp.example:6443/"),
+            ("https://kcp.example:6443/", "https://kcp.example:6443/"),
+            (
+                "https://kcp.example:6443/clusters/root:org:ws",
+                "https://kcp.example:6443/",
+            ),
+            (
+                "https://front.example/kcp/clusters/root",
+                "https://front.example/kcp",
+            ),
+            ("http://127.0.0.1:8080/clusters/*", "http://127.0.0.1:8080/"),
+        ] {
+            let got = base_url(&server.parse().unwrap()).unwrap();
+            assert_eq!(got.to_string(), want, "{server}");
+        }
+    }
+
+    #[test]
+    fn a_kcp_view_keeps_the_sync_finalizers_only_and_the_blocking_ones_apart() {
+        let v = held();
+        assert!(v.exists);
+        assert_eq!(v.annotations.len(), 1);
+        assert_eq!(v.holds.len(), 1);
+        let a = BTreeMap::from([(HOLD.to_string(), String::new())]);
+        let lifted = KcpView::new(Some(&a), &Identities::default());
+        assert_eq!(lifted.annotations.len(), 1, "the mirror copies it as it is");
+        assert!(lifted.holds.is_empty(), "\"\" does not block");
+        assert!(!KcpView::default().exists);
+    }
+
+    #[tokio::test]
+    async fn no_answer_older_than_max_staleness_is_ever_used() {
+        let kcp = unreachable(Duration::from_millis(200));
+        // A read's answer within max-staleness answers without asking kcp...
+        kcp.read
+            .lock()
+            .unwrap()
+            .insert(at(), (Instant::now(), held()));
+        assert_eq!(kcp.namespace(&at()).await, KcpLookup::Known(held()));
+        // ...and past it, kcp is asked again: unreachable, so unavailable, never "no hold".
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        match kcp.namespace(&at()).await {
+            KcpLookup::Unavailable(why) => assert!(why.contains("kcp said"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // The watch's view counts only while it has proven itself current lately.
+        kcp.watched.replace_all([(at(), held())]);
+        assert!(kcp.watch_current());
+        assert_eq!(kcp.namespace(&at()).await, KcpLookup::Known(held()));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(!kcp.watch_current());
+        assert!(matches!(
+            kcp.namespace(&at()).await,
+            KcpLookup::Unavailable(_)
+        ));
+        // A namespace the watch does not hold is read, never taken as "no hold" (the watch
+        // keys by logical cluster name, a locator may name a workspace path).
+        kcp.watched.replace_all([]);
+        assert!(kcp.watch_current());
+        assert!(matches!(
+            kcp.namespace(&at()).await,
+            KcpLookup::Unavailable(_)
+        ));
+        // The mirror takes a healthy watch's view however quiet kcp has been.
+        kcp.watched.replace_all([(at(), held())]);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(
+            kcp.namespace_for_mirror(&at()).await,
+            KcpLookup::Known(held())
+        );
+        kcp.health.failed("connection reset");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(matches!(
+            kcp.namespace_for_mirror(&at()).await,
+            KcpLookup::Unavailable(_)
+        ));
     }
 }
