@@ -72,6 +72,9 @@ pub enum KcpLookup {
     Unavailable(String),
 }
 
+/// Read answers, with when each read began.
+type Answers = HashMap<KcpNamespace, (Instant, Arc<KcpView>)>;
+
 type Read = futures::future::Shared<
     futures::future::BoxFuture<'static, Result<(Instant, Arc<KcpView>), String>>,
 >;
@@ -93,7 +96,7 @@ pub struct Kcp {
     watched: Projected<KcpNamespace, Arc<KcpView>>,
     pub health: WatchHealth,
     /// Answers of reads, with when the read began.
-    read: Arc<Mutex<HashMap<KcpNamespace, (Instant, Arc<KcpView>)>>>,
+    read: Arc<Mutex<Answers>>,
     in_flight: Arc<Mutex<HashMap<KcpNamespace, Read>>>,
 }
 
@@ -161,10 +164,10 @@ impl Kcp {
 
     /// The kcp namespace `at`, never older than `max_staleness`.
     pub async fn namespace(&self, at: &KcpNamespace) -> KcpLookup {
-        if let Some(v) = self.from_watch(at) {
+        if let Some(v) = self.watched_view(at) {
             return KcpLookup::Known(v);
         }
-        if let Some(v) = self.from_reads(at) {
+        if let Some(v) = self.read_view(at) {
             return KcpLookup::Known(v);
         }
         match self.read_now(at).await {
@@ -174,12 +177,12 @@ impl Kcp {
     }
 
     /// The watch's view of `at`, if it holds it and has proven itself current lately.
-    fn from_watch(&self, at: &KcpNamespace) -> Option<Arc<KcpView>> {
+    fn watched_view(&self, at: &KcpNamespace) -> Option<Arc<KcpView>> {
         self.watch_current().then(|| self.watched.get(at)).flatten()
     }
 
     /// A read's answer, if it began within `max_staleness`.
-    fn from_reads(&self, at: &KcpNamespace) -> Option<Arc<KcpView>> {
+    fn read_view(&self, at: &KcpNamespace) -> Option<Arc<KcpView>> {
         let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
         read.get(at)
             .filter(|(when, _)| when.elapsed() <= self.max_staleness)
@@ -346,7 +349,7 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
         tick.tick().await;
         round += 1;
         // Now and then apply everything again: someone may have edited what was applied.
-        let resync = round % 60 == 0;
+        let resync = round.is_multiple_of(60);
         // Without the wildcard watch every comparison is a read of kcp: compare every 15th
         // round only (30 s at the default 2 s), so that the mirror does not read each kcp
         // namespace every few seconds. The guard never waits for the mirror.
