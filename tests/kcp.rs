@@ -227,6 +227,48 @@ fn a_hold_set_in_kcp_holds_the_sync_target_is_mirrored_lifts_there_and_kcp_down_
     assert!(ok, "the hold was lifted in kcp: {err}");
     assert_eq!(annotations(&api, ns)["example.com/owner"], "team-a");
 
+    // A hold an operator copied down by hand, with another value, is neither taken over nor
+    // removed by the mirror: its apply conflicts and says so, and the hold stays when kcp lifts
+    // its own.
+    kcp_api.ok(ADMIN, &["create", "namespace", "manual"]);
+    let manual_locator = LOCATOR.replace("\"namespace\":\"test\"", "\"namespace\":\"manual\"");
+    assert_ne!(manual_locator, LOCATOR);
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: kcp-manual\n  annotations:\n    kcp.io/namespace-locator: '{manual_locator}'\n    {HOLD}: operator-copy\n"
+    ));
+    api.ok(ADMIN, &["-n", "kcp-manual", "create", "configmap", "m"]);
+    kcp_api.ok(
+        ADMIN,
+        &[
+            "annotate",
+            "namespace",
+            "manual",
+            &format!("{HOLD}=glbc-migration"),
+        ],
+    );
+    eventually("the mirror reports the conflict", WAIT, || {
+        handoff
+            .log()
+            .lines()
+            .any(|l| l.contains("mirror: cannot copy") && l.contains("kcp-manual"))
+            .then_some(())
+    });
+    assert_eq!(annotations(&api, "kcp-manual")[HOLD], "operator-copy");
+    kcp_api.ok(
+        ADMIN,
+        &["annotate", "namespace", "manual", &format!("{HOLD}-")],
+    );
+    // Longer than the mirror's round and --max-staleness: the physical hold is still there and
+    // still holds, and the denial now names the physical namespace.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(annotations(&api, "kcp-manual")[HOLD], "operator-copy");
+    let (ok, err) = as_syncer(&api, &["-n", "kcp-manual", "delete", "configmap", "m"]);
+    assert!(
+        !ok && err.contains("namespace \"kcp-manual\" carries the sync finalizer")
+            && err.contains("operator-copy"),
+        "{err}"
+    );
+
     // (c) kcp stopped: the sync target's delete in the located namespace is denied with the
     // reason; an admin's passes, and so does the sync target's where no locator names kcp.
     kcp.stop();

@@ -340,8 +340,9 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
     let params = kube::api::PatchParams::apply(MIRROR_FIELD_MANAGER);
     // What this process last applied to each namespace.
     let mut applied: HashMap<String, BTreeMap<String, String>> = HashMap::new();
-    // Namespaces whose last apply failed: said once, until it works again.
-    let mut failing: HashSet<String> = HashSet::new();
+    // Namespaces whose last apply was refused, with what it tried: said once, and tried again
+    // only when kcp says something else or at the resync.
+    let mut refused: HashMap<String, BTreeMap<String, String>> = HashMap::new();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut round: u64 = 0;
@@ -359,7 +360,7 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
         let located = state.namespaces.located_in_kcp();
         let names: HashSet<&str> = located.iter().map(|(n, _, _)| n.as_str()).collect();
         applied.retain(|n, _| names.contains(n.as_str()));
-        failing.retain(|n| names.contains(n.as_str()));
+        refused.retain(|n, _| names.contains(n.as_str()));
         for (name, at, held_here) in &located {
             let want = match kcp.namespace_for_mirror(at).await {
                 KcpLookup::Known(v) => v.annotations.clone(),
@@ -374,7 +375,7 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
                 // earlier run may have copied and kcp has lifted since.
                 None => !want.is_empty() || *held_here,
             };
-            if !needed {
+            if !needed || (!resync && refused.get(name) == Some(&want)) {
                 continue;
             }
             let patch = serde_json::json!({
@@ -387,13 +388,13 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
                 .await
             {
                 Ok(_) => {
-                    if failing.remove(name) || applied.get(name) != Some(&want) {
+                    if refused.remove(name).is_some() || applied.get(name) != Some(&want) {
                         tracing::info!(namespace = %name, kcp_namespace = %at, annotations = ?want.keys().collect::<Vec<_>>(), "mirror: sync finalizers copied from kcp");
                     }
                     applied.insert(name.clone(), want);
                 }
                 Err(e) => {
-                    if failing.insert(name.clone()) {
+                    if refused.insert(name.clone(), want).is_none() {
                         tracing::warn!(namespace = %name, kcp_namespace = %at, error = %e, "mirror: cannot copy the sync finalizers from kcp (the guard still reads kcp)");
                     }
                 }
