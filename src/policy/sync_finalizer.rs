@@ -1190,4 +1190,45 @@ mod tests {
         assert!(plain.kcp.is_none());
         assert!(decide(&req, NamespaceState::Known(&plain), &super::tests::ids()).is_allowed());
     }
+
+    #[test]
+    fn a_locator_that_names_no_usable_kcp_namespace_denies_only_a_sync_target() {
+        let mut ids = ids();
+        ids.set_reads_kcp(true);
+        let ann = annotations(&[(
+            "kcp.io/namespace-locator",
+            r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root/../x","namespace":"test"}"#,
+        )]);
+        let meta = NamespaceMeta::from_annotations(Some(&ann), &ids);
+        let Some(Err(why)) = meta.kcp.as_deref() else {
+            panic!("{meta:?}")
+        };
+        let kcp = KcpState::Unavailable { at: None, why };
+        let mut req = DeleteRequest {
+            username: SYNCER,
+            resource: "configmaps".into(),
+            namespace: Some("kcp-ns"),
+            name: Some("cm"),
+            is_namespace: false,
+            collection_item: false,
+            object_annotations: None,
+            dry_run: false,
+        };
+        match decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids) {
+            Verdict::Deny { rule, message } => {
+                assert_eq!(rule, Rule::KcpUnavailable);
+                assert!(
+                    message.contains("the kcp namespace this namespace's locator names")
+                        && message.contains("not a kcp logical cluster name"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        req.username = "admin";
+        assert_eq!(
+            decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids),
+            Verdict::Allow(AllowReason::NotSyncTarget)
+        );
+    }
 }
