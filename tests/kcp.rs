@@ -269,6 +269,35 @@ fn a_hold_set_in_kcp_holds_the_sync_target_is_mirrored_lifts_there_and_kcp_down_
         "{err}"
     );
 
+    // A kcp namespace that is gone holds nothing (kcp's 404 names it); a logical cluster kcp
+    // does not know is no "no hold" (its 404 names no namespace): the delete is refused.
+    for (ns, locator) in [
+        (
+            "kcp-gone",
+            LOCATOR.replace("\"namespace\":\"test\"", "\"namespace\":\"gone\""),
+        ),
+        (
+            "kcp-elsewhere",
+            LOCATOR.replace(
+                "\"cluster\":\"root:org:ws\",\"namespace\"",
+                "\"cluster\":\"root:other\",\"namespace\"",
+            ),
+        ),
+    ] {
+        assert_ne!(locator, LOCATOR);
+        api.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  annotations:\n    kcp.io/namespace-locator: '{locator}'\n"
+        ));
+        api.ok(ADMIN, &["-n", ns, "create", "configmap", "z"]);
+    }
+    let (ok, err) = as_syncer(&api, &["-n", "kcp-gone", "delete", "configmap", "z"]);
+    assert!(ok, "a kcp namespace that is gone held the syncer: {err}");
+    let (ok, err) = as_syncer(&api, &["-n", "kcp-elsewhere", "delete", "configmap", "z"]);
+    assert!(
+        !ok && err.contains("kcp answered 404 for /clusters/root:other/api/v1/namespaces/test without naming the namespace"),
+        "{err}"
+    );
+
     // (c) kcp stopped: the sync target's delete in the located namespace is denied with the
     // reason; an admin's passes, and so does the sync target's where no locator names kcp.
     kcp.stop();

@@ -315,7 +315,9 @@ impl Kcp {
 }
 
 /// GET `/clusters/<cluster>/api/v1/namespaces/<namespace>`: a missing namespace is one that
-/// holds nothing.
+/// holds nothing. Only a 404 that names the namespace says it is missing; any other 404 (a
+/// logical cluster kcp does not know, a kubeconfig that is not kcp's, a proxy's page) says
+/// nothing about holds and is an error, so that a wrong URL can never read as "no hold".
 async fn get(
     client: &kube::Client,
     at: &KcpNamespace,
@@ -330,7 +332,21 @@ async fn get(
             ns.metadata.annotations.as_ref(),
             ids,
         ))),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Arc::new(KcpView::default())),
+        Err(kube::Error::Api(s))
+            if s.is_not_found()
+                && s.details
+                    .as_ref()
+                    .is_some_and(|d| d.name == at.namespace && d.kind == "namespaces") =>
+        {
+            Ok(Arc::new(KcpView::default()))
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(format!(
+            "kcp answered 404 for {} without naming the namespace ({}): is logical cluster {} \
+             there, and is --kcp-kubeconfig kcp's?",
+            at.path(),
+            s.message,
+            at.cluster
+        )),
         Err(e) => Err(format!("kcp said: {e}")),
     }
 }
