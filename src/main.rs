@@ -46,6 +46,8 @@ enum LogFormat {
     Json,
 }
 
+// Parsed once at start-up: the size of the largest variant (serve's many flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the webhooks over HTTPS.
@@ -205,6 +207,13 @@ struct StateArgs {
     /// How long a cache-miss lookup may wait for the API server before the guard denies.
     #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = duration)]
     api_timeout: Duration,
+    /// kubeconfig for kcp (its base URL; a workspace URL is cut back to it). The guard then also
+    /// reads the kcp namespace each located namespace's locator names, at
+    /// /clusters/<cluster>/api/v1/namespaces/<namespace>, and a sync finalizer set there holds
+    /// as one on the physical namespace does; `serve` also mirrors those annotations onto the
+    /// physical namespaces (server-side apply, field manager handoff-kcp-mirror).
+    #[arg(long, value_name = "FILE")]
+    kcp_kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -591,9 +600,25 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
         Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
     };
-    let ids = cfg
+    let mut ids = cfg
         .identities()
         .map_err(|e| anyhow::anyhow!("config: {e}"))?;
+    let kcp = match &args.kcp_kubeconfig {
+        None => None,
+        Some(path) => {
+            ids.set_reads_kcp(true);
+            let kcp = handoff::state::kcp::Kcp::from_kubeconfig(
+                path,
+                ids.clone(),
+                args.max_staleness,
+                args.api_timeout,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("--kcp-kubeconfig {}: {e}", path.display()))?;
+            tracing::info!(kcp = %kcp.server, "reading sync finalizers in kcp too");
+            Some(Arc::new(kcp))
+        }
+    };
     let unseen = cfg.usernames_the_webhook_never_sees();
     if !unseen.is_empty() {
         tracing::warn!(
@@ -608,6 +633,7 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
         state.set_rollout(cfg.rollout());
         state.api_timeout = args.api_timeout;
         state.own = args.own_deployment.clone();
+        state.kcp = kcp;
         return Ok((state, None));
     }
     let client = kube_client(args)
@@ -620,6 +646,7 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
     state.max_staleness = args.max_staleness;
     state.own = args.own_deployment.clone();
     state.client = Some(client.clone());
+    state.kcp = kcp;
     Ok((state, Some(client)))
 }
 
@@ -678,6 +705,17 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    if let Some(kcp) = state.kcp.clone().filter(|_| state.serving.guard) {
+        tokio::spawn(kcp.clone().watch());
+        if let Some(client) = &client {
+            tokio::spawn(handoff::state::kcp::mirror(
+                state.clone(),
+                kcp,
+                client.clone(),
+                KCP_MIRROR_EVERY,
+            ));
+        }
+    }
     if let Some(client) = client {
         if state.serving.guard {
             tokio::spawn(handoff::admission_policy::apply::keep_published(
@@ -746,6 +784,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     tracing::info!("handoff stopped");
     Ok(())
 }
+
+/// How often the kcp mirror compares each located namespace with its kcp namespace.
+const KCP_MIRROR_EVERY: Duration = Duration::from_secs(2);
 
 /// Re-read the config file whenever its bytes change (a mounted ConfigMap is swapped by the
 /// kubelet like a Secret): the enforcement modes and exemptions take effect at once; a file

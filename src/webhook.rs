@@ -8,8 +8,8 @@ use crate::policy::move_window::{
     self, Doubt, OpenWindow, ParentDeployment, PinRequest, PinTarget, PinVerdict, WindowView,
 };
 use crate::policy::rollout::{self, Delivery, Rollout, RuleOutcome};
-use crate::policy::sync_finalizer::{self, DeleteRequest, NamespaceState, Verdict};
-use crate::state::{DeploymentLookup, NamespaceLookup, State};
+use crate::policy::sync_finalizer::{self, DeleteRequest, KcpState, NamespaceState, Verdict};
+use crate::state::{DeploymentLookup, KcpRead, NamespaceLookup, State};
 
 /// The two webhooks, by their paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -298,21 +298,37 @@ async fn decide_sync_finalizer(state: &State, req: &AdmissionRequest) -> Decisio
     let Some(delete) = DeleteRequest::from_review(req) else {
         return Decision::allow(req, sync_finalizer::AllowReason::NotDelete.as_str());
     };
-    let decide_on = |lookup: &NamespaceLookup| {
+    let decide_on = |lookup: &NamespaceLookup, kcp: &KcpRead| {
         let ns_state = match lookup {
             NamespaceLookup::Relevant(m) => NamespaceState::Known(m),
             NamespaceLookup::Plain => NamespaceState::Plain,
             NamespaceLookup::Unavailable(why) => NamespaceState::Unavailable(why),
         };
-        sync_finalizer::decide(&delete, ns_state, &state.ids)
+        let server = state.kcp.as_ref().map_or("", |k| k.server.as_str());
+        let kcp_state = match kcp {
+            KcpRead::NotRead => KcpState::NotRead,
+            KcpRead::Known { at, view } => KcpState::Known {
+                at,
+                holds: &view.holds,
+                server,
+            },
+            KcpRead::Unavailable { at, why } => KcpState::Unavailable {
+                at: at.as_ref(),
+                why,
+            },
+        };
+        sync_finalizer::decide_with_kcp(&delete, ns_state, kcp_state, &state.ids)
     };
     // Only a sync target (or what looks like one) has a namespace to read; everyone else is
-    // decided without reading anything.
+    // decided without reading anything, here or in kcp.
     let Some(ns) = delete.namespace_to_read(&state.ids) else {
-        return verdict(req, decide_on(&NamespaceLookup::Plain));
+        return verdict(req, decide_on(&NamespaceLookup::Plain, &KcpRead::NotRead));
     };
     let (lookup, fresh) = state.namespace(ns).await;
-    let first = decide_on(&lookup);
+    // The kcp namespace the locator names, when handoff reads kcp: never older than
+    // --max-staleness, and unreadable denies.
+    let kcp = state.kcp_namespace(&lookup).await;
+    let first = decide_on(&lookup, &kcp);
     // Never allow a sync target's delete on a view that cannot be shown to be current
     // (DESIGN §1.3): read the namespace now and decide on that.
     let unproven = match first.is_allowed() && !fresh {
@@ -328,7 +344,10 @@ async fn decide_sync_finalizer(state: &State, req: &AdmissionRequest) -> Decisio
         }
         read => read,
     };
-    verdict(req, decide_on(&lookup))
+    // The fresh view may name another kcp namespace (or none); the kcp side answers from its
+    // own fresh view.
+    let kcp = state.kcp_namespace(&lookup).await;
+    verdict(req, decide_on(&lookup, &kcp))
 }
 
 fn verdict(req: &AdmissionRequest, v: Verdict) -> Decision {

@@ -244,6 +244,26 @@ fn bad_flags_and_files_stop_start_up_naming_the_problem() {
             ],
             "cannot be used with",
         ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--kcp-kubeconfig".into(),
+                missing.clone().into(),
+            ],
+            "--kcp-kubeconfig",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                good_state.clone().into(),
+                "--kcp-kubeconfig".into(),
+                bad_cfg.clone().into(),
+            ],
+            "--kcp-kubeconfig",
+        ),
     ];
     for (args, want) in cases {
         let (ok, _, err) = run(handoff().args(&args));
@@ -539,4 +559,60 @@ fn kubeconfig_lists_several_files_and_the_first_to_set_an_entry_wins() {
         err.contains(&format!("API server https://127.0.0.1:{far}/")),
         "{err}"
     );
+}
+
+/// With `--kcp-kubeconfig` and kcp unreachable, `review` decides as the server would: a sync
+/// target's delete in a located namespace is denied with the reason, a delete by anyone else or
+/// in a namespace no locator names is decided without asking kcp.
+#[test]
+fn review_with_kcp_unreachable_denies_only_a_sync_targets_delete_in_a_located_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::write(
+        state.join("namespaces.yaml"),
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: kcp-33jbiactwhg0\n  annotations:\n    kcp.io/namespace-locator: '{\"syncTarget\":{\"cluster\":\"root:org:ws\",\"name\":\"us-west1\",\"uid\":\"syncTargetUID\"},\"cluster\":\"root:org:ws\",\"namespace\":\"test\"}'\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: unlocated\n",
+    )
+    .unwrap();
+    let kcp = dir.path().join("kcp.kubeconfig");
+    std::fs::write(
+        &kcp,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: kcp\ncontexts:\n- name: kcp\n  context: {{cluster: kcp, user: kcp}}\nclusters:\n- name: kcp\n  cluster: {{server: \"http://127.0.0.1:{}/clusters/root:org:ws\"}}\nusers:\n- name: kcp\n  user: {{token: t}}\n",
+            closed_port()
+        ),
+    )
+    .unwrap();
+    let review = |fixture: &str, namespace: Option<&str>| {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fixtures_dir().join(fixture)).unwrap()).unwrap();
+        if let Some(ns) = namespace {
+            v["request"]["namespace"] = ns.into();
+            v["request"]["oldObject"]["metadata"]["namespace"] = ns.into();
+        }
+        let file = dir.path().join(format!("{fixture}-{namespace:?}.json"));
+        std::fs::write(&file, v.to_string()).unwrap();
+        let (ok, out, err) = run(handoff()
+            .arg("review")
+            .arg(&file)
+            .arg("--state")
+            .arg(&state)
+            .arg("--kcp-kubeconfig")
+            .arg(&kcp));
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["response"].clone()
+    };
+    let r = review("delete-configmap-by-syncer.json", None);
+    assert_eq!(r["allowed"], false, "{r}");
+    let message = r["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("cannot read kcp namespace \"test\" (workspace root:org:ws)"),
+        "{message}"
+    );
+    assert_eq!(r["auditAnnotations"]["reason"], "kcp-unavailable");
+    let r = review("delete-secret-by-admin.json", None);
+    assert_eq!(r["allowed"], true, "{r}");
+    let r = review("delete-configmap-by-syncer.json", Some("unlocated"));
+    assert_eq!(r["allowed"], true, "{r}");
 }

@@ -1353,3 +1353,120 @@ fn kustomize_images_points_the_deployment_at_another_registry() {
         "both Deployments follow the images: override"
     );
 }
+
+#[test]
+fn kcp_overlay_gives_the_guard_the_kcp_kubeconfig_and_the_mirror_exactly_patch_on_namespaces() {
+    let build = build("overlays/kcp");
+    let r = &build.objects;
+    check_metadata(r);
+    check_webhooks(r, &Endpoint::Service);
+    check_crd(r);
+    let base = build_objects_of("base");
+
+    // The guard: the flag, and the Secret mounted read-only where the flag points.
+    let deployment = |r: &Rendered, n: &str| -> Deployment {
+        r.deployments
+            .iter()
+            .find(|d| name(&d.metadata) == n)
+            .unwrap_or_else(|| panic!("no Deployment {n}"))
+            .clone()
+    };
+    let guard = deployment(r, "handoff-guard");
+    let pod = guard.spec.as_ref().unwrap().template.spec.clone().unwrap();
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap_or_default();
+    let base_guard = deployment(&base, "handoff-guard");
+    let base_args = base_guard
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        args,
+        [
+            base_args,
+            strings(&["--kcp-kubeconfig", "/etc/handoff/kcp/kubeconfig"])
+        ]
+        .concat(),
+        "the base's arguments and the kcp flag"
+    );
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "kcp-kubeconfig")
+        .expect("kcp kubeconfig mounted");
+    assert_eq!(mount.mount_path, "/etc/handoff/kcp");
+    assert_eq!(mount.read_only, Some(true));
+    assert!(
+        c.volume_mounts.iter().flatten().any(|m| m.name == "tls"),
+        "the serving certificate is still mounted"
+    );
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "kcp-kubeconfig")
+        .expect("kcp kubeconfig volume");
+    assert_eq!(
+        volume
+            .secret
+            .as_ref()
+            .and_then(|s| s.secret_name.as_deref()),
+        Some("handoff-kcp-kubeconfig")
+    );
+    // The pin is the base's.
+    assert_eq!(
+        serde_json::to_value(deployment(r, "handoff-pin")).unwrap(),
+        serde_json::to_value(deployment(&base, "handoff-pin")).unwrap()
+    );
+
+    // RBAC: the base's roles unchanged, plus patch on namespaces for the mirror, bound to the
+    // guard's ServiceAccount only.
+    let role = |r: &Rendered, n: &str| {
+        r.cluster_roles
+            .iter()
+            .find(|c| name(&c.metadata) == n)
+            .map(rules_of)
+    };
+    for n in ["handoff-guard", "handoff-pin", "handoff-window-operator"] {
+        assert_eq!(role(r, n), role(&base, n), "{n}");
+    }
+    assert_eq!(
+        role(r, "handoff-guard-kcp-mirror"),
+        Some(vec![(
+            strings(&[""]),
+            strings(&["namespaces"]),
+            strings(&["patch"])
+        )]),
+        "the mirror may patch namespaces and nothing else (no create: an apply cannot bring a namespace back)"
+    );
+    let binding = r
+        .cluster_role_bindings
+        .iter()
+        .find(|b| name(&b.metadata) == "handoff-guard-kcp-mirror")
+        .expect("mirror binding");
+    assert_eq!(binding.role_ref.name, "handoff-guard-kcp-mirror");
+    let subjects = binding.subjects.as_deref().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (
+            subjects[0].kind.as_str(),
+            subjects[0].name.as_str(),
+            subjects[0].namespace.as_deref()
+        ),
+        ("ServiceAccount", "handoff-guard", Some(NAMESPACE))
+    );
+    assert_eq!(r.cluster_role_bindings.len(), 3);
+}
+
+fn build_objects_of(kustomization: &str) -> Rendered {
+    build(kustomization).objects
+}

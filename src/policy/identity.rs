@@ -167,6 +167,92 @@ pub struct NamespaceLocator {
     pub namespace: Option<String>,
 }
 
+/// The kcp namespace a physical namespace stands for: namespace `namespace` in logical cluster
+/// `cluster` (kcp's workspace), read at kcp's logical-cluster URL (`path`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KcpNamespace {
+    pub cluster: String,
+    pub namespace: String,
+}
+
+impl KcpNamespace {
+    /// The namespace's URL path under kcp's base URL:
+    /// `/clusters/<cluster>/api/v1/namespaces/<namespace>`. Both parts were checked to be plain
+    /// names (`[a-z0-9-]`, and `:` between a cluster's segments), so nothing needs escaping and
+    /// nothing can leave its path segment.
+    pub fn path(&self) -> String {
+        format!(
+            "/clusters/{}/api/v1/namespaces/{}",
+            self.cluster, self.namespace
+        )
+    }
+
+    /// How a message names it.
+    pub fn describe(&self) -> String {
+        format!(
+            "kcp namespace \"{}\" (workspace {})",
+            self.namespace, self.cluster
+        )
+    }
+}
+
+impl fmt::Display for KcpNamespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.cluster, self.namespace)
+    }
+}
+
+/// A DNS-1123 label, as Kubernetes requires of a namespace name.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A kcp logical cluster: a name or a workspace path, `:`-separated labels (`root:org:ws`,
+/// `2x1lq9q8a6w0p5cw`).
+fn is_logical_cluster(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 255 && s.split(':').all(is_dns_label)
+}
+
+impl NamespaceLocator {
+    /// The kcp namespace this locator names: the top-level `cluster` (legacy `workspace`) and
+    /// `namespace`. The sync target's own cluster is not a fallback: a SyncTarget may live in
+    /// another workspace than the workloads it syncs, and reading the wrong namespace would
+    /// find no hold where one is set. Anything that is not a plain name (a `/`, a `*`, `..`,
+    /// a percent sign, upper case) is refused rather than escaped: a locator is an annotation
+    /// anyone who may edit the namespace can write.
+    pub fn kcp_namespace(&self) -> Result<KcpNamespace, String> {
+        let cluster = self.cluster.as_deref().unwrap_or("");
+        let namespace = self.namespace.as_deref().unwrap_or("");
+        if cluster.is_empty() {
+            return Err(
+                "the namespace locator names no logical cluster (cluster or workspace)".into(),
+            );
+        }
+        if namespace.is_empty() {
+            return Err("the namespace locator names no kcp namespace".into());
+        }
+        if !is_logical_cluster(cluster) {
+            return Err(format!(
+                "the namespace locator's logical cluster {cluster:?} is not a kcp logical cluster name"
+            ));
+        }
+        if !is_dns_label(namespace) {
+            return Err(format!(
+                "the namespace locator's namespace {namespace:?} is not a namespace name"
+            ));
+        }
+        Ok(KcpNamespace {
+            cluster: cluster.to_string(),
+            namespace: namespace.to_string(),
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct LocatorSyncTarget {
     #[serde(default, alias = "workspace", alias = "path")]
@@ -237,6 +323,9 @@ pub struct Identities {
     /// Each distinct locator's sync target, hashed once and shared by every namespace that
     /// names it: a physical cluster under kcp has thousands of namespaces per sync target.
     located: Arc<Mutex<HashMap<LocatorParts, Weak<Located>>>>,
+    /// Whether namespaces keep the kcp namespace their locator names (`--kcp-kubeconfig`):
+    /// without kcp nothing reads it, and the cache does not pay for it.
+    reads_kcp: bool,
 }
 
 /// What a locator's hashes depend on: the sync target's cluster (or the locator's), name, UID.
@@ -265,7 +354,18 @@ impl Identities {
                 .map(|d| format!("{d}/namespace-locator"))
                 .collect(),
             located: Arc::default(),
+            reads_kcp: false,
         }
+    }
+
+    /// Keep, for every located namespace, the kcp namespace its locator names (see
+    /// `NamespaceMeta::from_annotations`): set when handoff reads kcp.
+    pub fn set_reads_kcp(&mut self, on: bool) {
+        self.reads_kcp = on;
+    }
+
+    pub fn reads_kcp(&self) -> bool {
+        self.reads_kcp
     }
 
     /// Name a username's sync target by its key.
@@ -695,5 +795,89 @@ mod tests {
             ),
             r => panic!("{r:?}"),
         }
+    }
+
+    #[test]
+    fn kcp_namespace_of_each_locator_form() {
+        let at = |cluster: &str, namespace: &str| {
+            Ok(KcpNamespace {
+                cluster: cluster.into(),
+                namespace: namespace.into(),
+            })
+        };
+        let rows: Vec<(&str, &str, Result<KcpNamespace, &str>)> = vec![
+            (
+                "kcp.io locator",
+                r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"u"},"cluster":"root:org:ws","namespace":"test"}"#,
+                at("root:org:ws", "test"),
+            ),
+            (
+                "legacy kcp.dev locator says workspace",
+                r#"{"syncTarget":{"workspace":"root:org:ws","name":"us-west1","uid":"u"},"workspace":"root:org:ws","namespace":"test"}"#,
+                at("root:org:ws", "test"),
+            ),
+            (
+                "the namespace's cluster, not the sync target's",
+                r#"{"syncTarget":{"cluster":"root:compute","name":"us-west1","uid":"u"},"cluster":"root:org:ws","namespace":"app"}"#,
+                at("root:org:ws", "app"),
+            ),
+            (
+                "a logical cluster name rather than a path",
+                r#"{"syncTarget":{"cluster":"2x1lq9q8a6w0p5cw","name":"n","uid":"u"},"cluster":"2x1lq9q8a6w0p5cw","namespace":"default"}"#,
+                at("2x1lq9q8a6w0p5cw", "default"),
+            ),
+            (
+                "no top-level cluster: the sync target's is no fallback",
+                r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"u"},"namespace":"test"}"#,
+                Err("names no logical cluster"),
+            ),
+            (
+                "no namespace",
+                r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"u"},"cluster":"root:org:ws"}"#,
+                Err("names no kcp namespace"),
+            ),
+            (
+                "a slash would leave the path segment",
+                r#"{"cluster":"root/../../api","namespace":"test"}"#,
+                Err("not a kcp logical cluster name"),
+            ),
+            (
+                "the wildcard is not a cluster",
+                r#"{"cluster":"*","namespace":"test"}"#,
+                Err("not a kcp logical cluster name"),
+            ),
+            (
+                "an empty segment",
+                r#"{"cluster":"root::ws","namespace":"test"}"#,
+                Err("not a kcp logical cluster name"),
+            ),
+            (
+                "a namespace needing escapes",
+                r#"{"cluster":"root:org:ws","namespace":"te st%2F"}"#,
+                Err("not a namespace name"),
+            ),
+            (
+                "upper case",
+                r#"{"cluster":"root:org:ws","namespace":"Test"}"#,
+                Err("not a namespace name"),
+            ),
+        ];
+        for (name, json, want) in rows {
+            let got = locator(json).kcp_namespace();
+            match (&got, &want) {
+                (Ok(g), Ok(w)) => assert_eq!(g, w, "{name}"),
+                (Err(g), Err(w)) => assert!(g.contains(w), "{name}: {g}"),
+                _ => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+        let ns = at("root:org:ws", "test").unwrap();
+        assert_eq!(ns.path(), "/clusters/root:org:ws/api/v1/namespaces/test");
+        assert_eq!(
+            at("2x1lq9q8a6w0p5cw", "default").unwrap().path(),
+            "/clusters/2x1lq9q8a6w0p5cw/api/v1/namespaces/default"
+        );
+        // The path parses as a URI path as it is: nothing in it needs escaping.
+        let uri: http::Uri = format!("https://kcp.example{}", ns.path()).parse().unwrap();
+        assert_eq!(uri.path(), ns.path());
     }
 }

@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use crate::admission::{AdmissionRequest, Operation};
-use crate::policy::identity::{Identities, Located, NamespaceLocator, Requester, SyncTarget};
+use crate::policy::identity::{
+    Identities, KcpNamespace, Located, NamespaceLocator, Requester, SyncTarget,
+};
 
 /// A blocking soft finalizer: `finalizers.workload.<domain>/<key>` with a non-empty value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +27,9 @@ pub struct NamespaceMeta {
     pub finalizers: Option<Arc<[SoftFinalizer]>>,
     /// The namespace's locator, hashed once per sync target instead of on every request.
     pub located: Option<Arc<Located>>,
+    /// The kcp namespace the locator names, or why it names none; kept only when handoff reads
+    /// kcp (`Identities::reads_kcp`).
+    pub kcp: Option<Arc<Result<KcpNamespace, String>>>,
 }
 
 /// Blocking soft finalizers among `annotations`, as kcp reads them: any value but `""` blocks.
@@ -64,6 +69,10 @@ impl NamespaceMeta {
         });
         NamespaceMeta {
             finalizers,
+            kcp: locator
+                .as_ref()
+                .filter(|_| ids.reads_kcp())
+                .map(|l| Arc::new(l.kcp_namespace())),
             located: locator.map(|l| ids.locate_shared(&l)),
         }
     }
@@ -88,6 +97,29 @@ pub enum NamespaceState<'a> {
     Plain,
     /// The cache misses and the API could not be asked; the string says why.
     Unavailable(&'a str),
+}
+
+/// What the edge found out about the kcp namespace the namespace's locator names: one more
+/// place a namespace sync finalizer may be set, under the same rule.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum KcpState<'a> {
+    /// handoff does not read kcp, the namespace names no kcp namespace, or the requester
+    /// cannot be a sync target (nothing is read for anyone else).
+    #[default]
+    NotRead,
+    /// Read within `--max-staleness`: its blocking sync finalizers (none when it has none or
+    /// does not exist). `server` is kcp's base URL, for the message that says how to lift one.
+    Known {
+        at: &'a KcpNamespace,
+        holds: &'a [SoftFinalizer],
+        server: &'a str,
+    },
+    /// Could not be read (kcp unreachable, no fresh view, or the locator names no usable kcp
+    /// namespace); the string says why.
+    Unavailable {
+        at: Option<&'a KcpNamespace>,
+        why: &'a str,
+    },
 }
 
 /// A DELETE as the guard sees it.
@@ -180,6 +212,8 @@ pub enum Rule {
     UnresolvedSyncer,
     /// The namespace could not be read: fail closed.
     StateUnavailable,
+    /// The kcp namespace the locator names could not be read: fail closed.
+    KcpUnavailable,
 }
 
 impl Rule {
@@ -191,6 +225,7 @@ impl Rule {
             Rule::CollectionHold => "delete-collection",
             Rule::UnresolvedSyncer => "unresolved-syncer",
             Rule::StateUnavailable => "state-unavailable",
+            Rule::KcpUnavailable => "kcp-unavailable",
         }
     }
 }
@@ -230,9 +265,20 @@ impl Verdict {
     }
 }
 
-/// Decide a DELETE.
+/// Decide a DELETE on the physical namespace alone (no kcp).
 pub fn decide(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identities) -> Verdict {
-    match decide_inner(req, ns, ids) {
+    decide_with_kcp(req, ns, KcpState::NotRead, ids)
+}
+
+/// Decide a DELETE: the namespace's holds are those on the physical namespace and those on the
+/// kcp namespace its locator names, under one rule.
+pub fn decide_with_kcp(
+    req: &DeleteRequest<'_>,
+    ns: NamespaceState<'_>,
+    kcp: KcpState<'_>,
+    ids: &Identities,
+) -> Verdict {
+    match decide_inner(req, ns, kcp, ids) {
         Verdict::Deny { rule, message } => Verdict::Deny {
             rule,
             message: super::one_line(message),
@@ -241,7 +287,31 @@ pub fn decide(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identities)
     }
 }
 
-fn decide_inner(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identities) -> Verdict {
+/// Where a namespace sync finalizer was found.
+#[derive(Debug, Clone, Copy)]
+enum Place<'a> {
+    /// On the physical namespace the object lives in.
+    Physical,
+    /// On the kcp namespace the locator names.
+    Kcp {
+        at: &'a KcpNamespace,
+        server: &'a str,
+    },
+}
+
+/// A namespace sync finalizer and where it was found.
+#[derive(Debug, Clone, Copy)]
+struct Hold<'a> {
+    f: &'a SoftFinalizer,
+    place: Place<'a>,
+}
+
+fn decide_inner(
+    req: &DeleteRequest<'_>,
+    ns: NamespaceState<'_>,
+    kcp: KcpState<'_>,
+    ids: &Identities,
+) -> Verdict {
     if !ids.is_candidate(req.username) {
         return Verdict::Allow(AllowReason::NotSyncTarget);
     }
@@ -265,16 +335,57 @@ fn decide_inner(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identitie
         .object_annotations
         .map(|a| blocking_finalizers(a, ids))
         .unwrap_or_default();
-    let ns_holds: &[SoftFinalizer] = meta.map(NamespaceMeta::holds).unwrap_or(&[]);
+    // kcp first: a hold set there is usually mirrored here too, and kcp is where it is lifted.
+    let ns_holds: Vec<Hold<'_>> = match kcp {
+        KcpState::Known { at, holds, server } => holds
+            .iter()
+            .map(|f| Hold {
+                f,
+                place: Place::Kcp { at, server },
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+    .into_iter()
+    .chain(
+        meta.map(NamespaceMeta::holds)
+            .unwrap_or(&[])
+            .iter()
+            .map(|f| Hold {
+                f,
+                place: Place::Physical,
+            }),
+    )
+    .collect();
+    let kcp_unavailable = match kcp {
+        KcpState::Unavailable { at, why } => Some(Verdict::Deny {
+            rule: Rule::KcpUnavailable,
+            message: format!(
+                "handoff cannot read {} to check its sync finalizers ({why}); the delete of {} \
+                 in namespace \"{}\" is refused until it can (fail closed: the syncer retries, a \
+                 deleted object does not come back)",
+                at.map_or_else(
+                    || "the kcp namespace this namespace's locator names".to_string(),
+                    KcpNamespace::describe
+                ),
+                req.what(),
+                req.namespace.unwrap_or("")
+            ),
+        }),
+        _ => None,
+    };
 
     let target = match ids.resolve_located(req.username, meta.and_then(|m| m.located.as_deref())) {
         Requester::NotSyncTarget => return Verdict::Allow(AllowReason::NotSyncTarget),
         Requester::SyncTarget(t) => t,
         Requester::UnresolvedSyncer { reason } => {
-            let any = ns_holds.first().or(object_holds.first());
+            let any = ns_holds
+                .first()
+                .map(|h| (h.f, holder(req, Some(h))))
+                .or(object_holds.first().map(|f| (f, holder(req, None))));
             return match any {
-                None => Verdict::Allow(AllowReason::NoHold),
-                Some(f) => Verdict::Deny {
+                None => kcp_unavailable.unwrap_or(Verdict::Allow(AllowReason::NoHold)),
+                Some((f, holder)) => Verdict::Deny {
                     rule: Rule::UnresolvedSyncer,
                     message: format!(
                         "{} looks like a kcp syncer but handoff cannot tell which sync target it \
@@ -282,7 +393,7 @@ fn decide_inner(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identitie
                          delete of {} is refused: it could be the sync target being held. Fix the \
                          namespace locator, or name this user in handoff's config file",
                         req.username,
-                        holder(req, ns_holds, f),
+                        holder,
                         f.annotation,
                         f.value,
                         req.what()
@@ -292,27 +403,37 @@ fn decide_inner(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identitie
         }
     };
 
-    let ns_hold = ns_holds.iter().find(|f| target.has_key(&f.key));
+    let ns_hold = ns_holds.iter().find(|h| target.has_key(&h.f.key));
     // For a Namespace the object's own annotations are its sync finalizers; they may be
     // fresher than the cache.
     let obj_hold = object_holds.iter().find(|f| target.has_key(&f.key));
     let ns_name = req.namespace.unwrap_or("");
     if req.is_namespace {
-        if let Some(f) = obj_hold.or(ns_hold) {
+        // A hold set in kcp is named as such (that is where it is lifted); otherwise the
+        // namespace's own annotations first: they may be fresher than the cache.
+        let hold = match (ns_hold, obj_hold) {
+            (Some(h), _) if matches!(h.place, Place::Kcp { .. }) => Some(*h),
+            (_, Some(f)) => Some(Hold {
+                f,
+                place: Place::Physical,
+            }),
+            (h, None) => h.copied(),
+        };
+        if let Some(h) = hold {
             return Verdict::Deny {
                 rule: Rule::NamespaceItself,
                 message: namespace_message(
                     req,
                     &target,
                     ns_name,
-                    f,
+                    h,
                     "deleting the namespace would delete everything in it",
                 ),
             };
         }
-        return Verdict::Allow(AllowReason::NoHold);
+        return kcp_unavailable.unwrap_or(Verdict::Allow(AllowReason::NoHold));
     }
-    if let Some(f) = ns_hold {
+    if let Some(&h) = ns_hold {
         let rule = if req.name.is_none() {
             Rule::CollectionHold
         } else {
@@ -324,7 +445,7 @@ fn decide_inner(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identitie
                 req,
                 &target,
                 ns_name,
-                f,
+                h,
                 "its objects stay until the hold is lifted",
             ),
         };
@@ -343,14 +464,16 @@ fn decide_inner(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identitie
             ),
         };
     }
-    Verdict::Allow(AllowReason::NoHold)
+    kcp_unavailable.unwrap_or(Verdict::Allow(AllowReason::NoHold))
 }
 
-fn holder(req: &DeleteRequest<'_>, ns_holds: &[SoftFinalizer], f: &SoftFinalizer) -> String {
-    if ns_holds.iter().any(|h| h == f) || req.is_namespace {
-        format!("namespace \"{}\"", req.namespace.unwrap_or(""))
-    } else {
-        req.what()
+/// What carries the hold `h` (a namespace's), or the object itself when `None`.
+fn holder(req: &DeleteRequest<'_>, h: Option<&Hold<'_>>) -> String {
+    match h.map(|h| h.place) {
+        Some(Place::Kcp { at, .. }) => at.describe(),
+        Some(Place::Physical) => format!("namespace \"{}\"", req.namespace.unwrap_or("")),
+        None if req.is_namespace => format!("namespace \"{}\"", req.namespace.unwrap_or("")),
+        None => req.what(),
     }
 }
 
@@ -358,10 +481,32 @@ fn namespace_message(
     req: &DeleteRequest<'_>,
     target: &SyncTarget,
     ns: &str,
-    f: &SoftFinalizer,
+    h: Hold<'_>,
     consequence: &str,
 ) -> String {
+    let f = h.f;
     let mut m = String::with_capacity(400);
+    if let Place::Kcp { at, server } = h.place {
+        let _ = write!(
+            m,
+            "{} carries the sync finalizer {}=\"{}\" for {}, so that sync target may not delete \
+             {} in namespace \"{ns}\" ({consequence}). The hold is set in kcp (workspace {}, \
+             namespace {}) and is lifted there, by removing the annotation or setting it to \"\": \
+             kubectl --server {}/clusters/{} annotate namespace {} {}-",
+            at.describe(),
+            f.annotation,
+            f.value,
+            target,
+            req.what(),
+            at.cluster,
+            at.namespace,
+            server.trim_end_matches('/'),
+            at.cluster,
+            at.namespace,
+            f.annotation
+        );
+        return m;
+    }
     let _ = write!(
         m,
         "namespace \"{ns}\" carries the sync finalizer {}=\"{}\" for {}, so that sync target may \
@@ -767,5 +912,323 @@ mod tests {
         assert_eq!(m.holds()[0].key, "A");
         assert!(m.located.is_none());
         assert!(!NamespaceMeta::from_annotations(None, &ids).is_interesting());
+    }
+
+    /// The kcp namespace is one more place a namespace sync finalizer may be set: rows for a
+    /// hold in kcp only, on the physical namespace only, both, neither, and kcp unreadable;
+    /// everyone who is not a sync target passes whatever kcp says.
+    #[test]
+    fn kcp_table() {
+        let hold = (
+            "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
+            "glbc-migration",
+        );
+        let legacy_hold = (
+            "finalizers.workload.kcp.dev/2gzO8uuQmIoZ2FE95zoOPKtrtGGXzzjAvtl6q5",
+            "x",
+        );
+        let other = ("finalizers.workload.kcp.io/someOtherKey", "x");
+        let locator = ("kcp.io/namespace-locator", LOCATOR);
+        let at = KcpNamespace {
+            cluster: "root:org:ws".into(),
+            namespace: "test".into(),
+        };
+        // (name, user, physical annotations, kcp: Some(annotations) read / None unavailable,
+        //  is_namespace, want, where the message must say the hold is)
+        type KcpRow = (
+            &'static str,
+            &'static str,
+            Vec<(&'static str, &'static str)>,
+            Option<Vec<(&'static str, &'static str)>>,
+            bool,
+            Result<AllowReason, Rule>,
+            &'static str,
+        );
+        let rows: Vec<KcpRow> = vec![
+            (
+                "hold in kcp only",
+                SYNCER,
+                vec![locator],
+                Some(vec![hold]),
+                false,
+                Err(Rule::NamespaceHold),
+                "in kcp",
+            ),
+            (
+                "hold in kcp only, kcp.dev domain and legacy key",
+                SYNCER,
+                vec![locator],
+                Some(vec![legacy_hold]),
+                false,
+                Err(Rule::NamespaceHold),
+                "in kcp",
+            ),
+            (
+                "hold on the physical namespace only",
+                SYNCER,
+                vec![locator, hold],
+                Some(vec![]),
+                false,
+                Err(Rule::NamespaceHold),
+                "kubectl annotate namespace kcp-ns",
+            ),
+            (
+                "hold in both: named where it is lifted, kcp",
+                SYNCER,
+                vec![locator, hold],
+                Some(vec![hold]),
+                false,
+                Err(Rule::NamespaceHold),
+                "in kcp",
+            ),
+            (
+                "hold in neither",
+                SYNCER,
+                vec![locator],
+                Some(vec![]),
+                false,
+                Ok(AllowReason::NoHold),
+                "",
+            ),
+            (
+                "empty value in kcp does not block",
+                SYNCER,
+                vec![locator],
+                Some(vec![(hold.0, "")]),
+                false,
+                Ok(AllowReason::NoHold),
+                "",
+            ),
+            (
+                "another sync target's hold in kcp",
+                SYNCER,
+                vec![locator],
+                Some(vec![other]),
+                false,
+                Ok(AllowReason::NoHold),
+                "",
+            ),
+            (
+                "kcp unreadable: fail closed for the sync target",
+                SYNCER,
+                vec![locator],
+                None,
+                false,
+                Err(Rule::KcpUnavailable),
+                "cannot read kcp namespace \"test\" (workspace root:org:ws)",
+            ),
+            (
+                "kcp unreadable, physical hold: the physical hold is named",
+                SYNCER,
+                vec![locator, hold],
+                None,
+                false,
+                Err(Rule::NamespaceHold),
+                "kubectl annotate namespace kcp-ns",
+            ),
+            (
+                "kcp unreadable: others pass",
+                "admin",
+                vec![locator],
+                None,
+                false,
+                Ok(AllowReason::NotSyncTarget),
+                "",
+            ),
+            (
+                "kcp hold: others pass",
+                "admin",
+                vec![locator],
+                Some(vec![hold]),
+                false,
+                Ok(AllowReason::NotSyncTarget),
+                "",
+            ),
+            (
+                "kcp hold holds the namespace itself",
+                SYNCER,
+                vec![locator],
+                Some(vec![hold]),
+                true,
+                Err(Rule::NamespaceItself),
+                "in kcp",
+            ),
+            (
+                "kcp unreadable holds the namespace's deletion",
+                SYNCER,
+                vec![locator],
+                None,
+                true,
+                Err(Rule::KcpUnavailable),
+                "cannot read",
+            ),
+            (
+                "unresolved syncer where kcp holds",
+                OTHER_SYNCER,
+                vec![locator],
+                Some(vec![other]),
+                false,
+                Err(Rule::UnresolvedSyncer),
+                "kcp namespace \"test\" (workspace root:org:ws)",
+            ),
+            (
+                "unresolved syncer, kcp unreadable",
+                OTHER_SYNCER,
+                vec![locator],
+                None,
+                false,
+                Err(Rule::KcpUnavailable),
+                "cannot read",
+            ),
+            (
+                "explicit identity held in kcp",
+                "explicit-user",
+                vec![locator],
+                Some(vec![hold]),
+                false,
+                Err(Rule::NamespaceHold),
+                "in kcp",
+            ),
+        ];
+        let mut ids = ids();
+        ids.set_reads_kcp(true);
+        for (name, user, physical, upstream, is_namespace, want, says) in rows {
+            let ann = annotations(&physical);
+            let meta = NamespaceMeta::from_annotations(Some(&ann), &ids);
+            assert_eq!(
+                meta.kcp.as_deref(),
+                Some(&Ok(at.clone())),
+                "{name}: the locator's kcp namespace is kept"
+            );
+            let up = upstream.map(|a| blocking_finalizers(&annotations(&a), &ids));
+            let kcp = match &up {
+                Some(holds) => KcpState::Known {
+                    at: &at,
+                    holds,
+                    server: "https://kcp.example:6443",
+                },
+                None => KcpState::Unavailable {
+                    at: Some(&at),
+                    why: "connection refused",
+                },
+            };
+            let req = DeleteRequest {
+                username: user,
+                resource: if is_namespace {
+                    "namespaces"
+                } else {
+                    "configmaps"
+                }
+                .into(),
+                namespace: Some("kcp-ns"),
+                name: Some(if is_namespace { "kcp-ns" } else { "cm" }),
+                is_namespace,
+                collection_item: false,
+                object_annotations: Some(&ann),
+                dry_run: false,
+            };
+            let got = decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids);
+            match (&got, &want) {
+                (Verdict::Allow(a), Ok(w)) => assert_eq!(a, w, "{name}"),
+                (Verdict::Deny { rule, message }, Err(w)) => {
+                    assert_eq!(rule, w, "{name}");
+                    assert!(message.contains(says), "{name}: {message}");
+                }
+                _ => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_kcp_denial_says_where_the_hold_is_set_and_how_to_lift_it_there() {
+        let mut ids = ids();
+        ids.set_reads_kcp(true);
+        let ann = annotations(&[("kcp.io/namespace-locator", LOCATOR)]);
+        let meta = NamespaceMeta::from_annotations(Some(&ann), &ids);
+        let Some(Ok(at)) = meta.kcp.as_deref() else {
+            panic!("{meta:?}")
+        };
+        let holds = blocking_finalizers(
+            &annotations(&[(
+                "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g",
+                "glbc-migration",
+            )]),
+            &ids,
+        );
+        let req = DeleteRequest {
+            username: SYNCER,
+            resource: "secrets".into(),
+            namespace: Some("kcp-33jbiactwhg0"),
+            name: Some("db-password"),
+            is_namespace: false,
+            collection_item: false,
+            object_annotations: None,
+            dry_run: false,
+        };
+        let kcp = KcpState::Known {
+            at,
+            holds: &holds,
+            server: "https://kcp.example:6443/",
+        };
+        let Verdict::Deny { message, .. } =
+            decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids)
+        else {
+            panic!("not denied")
+        };
+        for part in [
+            "kcp namespace \"test\" (workspace root:org:ws)",
+            "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g=\"glbc-migration\"",
+            "sync target \"us-west1\" (cluster root:org:ws)",
+            "secrets \"db-password\" in namespace \"kcp-33jbiactwhg0\"",
+            "The hold is set in kcp",
+            "kubectl --server https://kcp.example:6443/clusters/root:org:ws annotate namespace test finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g-",
+        ] {
+            assert!(message.contains(part), "missing {part:?} in {message}");
+        }
+        // Without kcp nothing about kcp is kept, and the rule is the physical one alone.
+        let plain = NamespaceMeta::from_annotations(Some(&ann), &super::tests::ids());
+        assert!(plain.kcp.is_none());
+        assert!(decide(&req, NamespaceState::Known(&plain), &super::tests::ids()).is_allowed());
+    }
+
+    #[test]
+    fn a_locator_that_names_no_usable_kcp_namespace_denies_only_a_sync_target() {
+        let mut ids = ids();
+        ids.set_reads_kcp(true);
+        let ann = annotations(&[(
+            "kcp.io/namespace-locator",
+            r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root/../x","namespace":"test"}"#,
+        )]);
+        let meta = NamespaceMeta::from_annotations(Some(&ann), &ids);
+        let Some(Err(why)) = meta.kcp.as_deref() else {
+            panic!("{meta:?}")
+        };
+        let kcp = KcpState::Unavailable { at: None, why };
+        let mut req = DeleteRequest {
+            username: SYNCER,
+            resource: "configmaps".into(),
+            namespace: Some("kcp-ns"),
+            name: Some("cm"),
+            is_namespace: false,
+            collection_item: false,
+            object_annotations: None,
+            dry_run: false,
+        };
+        match decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids) {
+            Verdict::Deny { rule, message } => {
+                assert_eq!(rule, Rule::KcpUnavailable);
+                assert!(
+                    message.contains("the kcp namespace this namespace's locator names")
+                        && message.contains("not a kcp logical cluster name"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        req.username = "admin";
+        assert_eq!(
+            decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids),
+            Verdict::Allow(AllowReason::NotSyncTarget)
+        );
     }
 }

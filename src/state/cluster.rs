@@ -25,8 +25,12 @@ const WATCH_TIMEOUT_SECS: u32 = 55;
 /// 30 s): a relist is the only event that proves the cache is current again, since a watch
 /// that resumes quietly says nothing. Until then `health` records the failure and the caches
 /// keep their last view; `State` stops trusting it after `stale_after`.
-async fn run<K>(api: Api<K>, what: &'static str, health: &WatchHealth, on_event: impl Fn(Event<K>))
-where
+pub(crate) async fn run<K>(
+    api: Api<K>,
+    what: &'static str,
+    health: &WatchHealth,
+    on_event: impl Fn(Event<K>),
+) where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let mut backoff = Duration::from_millis(500);

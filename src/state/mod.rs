@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod cluster;
 pub mod files;
+pub mod kcp;
 pub mod namespaces;
 pub mod windows;
 
@@ -29,6 +30,21 @@ pub enum NamespaceLookup {
     /// Exists and carries nothing the guard reads, or does not exist.
     Plain,
     Unavailable(String),
+}
+
+/// What a decision learnt about the kcp namespace a namespace's locator names; owned, like
+/// `NamespaceLookup`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KcpRead {
+    NotRead,
+    Known {
+        at: crate::policy::identity::KcpNamespace,
+        view: Arc<kcp::KcpView>,
+    },
+    Unavailable {
+        at: Option<crate::policy::identity::KcpNamespace>,
+        why: String,
+    },
 }
 
 /// What a decision learnt about the Deployment behind a scale request.
@@ -125,6 +141,9 @@ pub struct State {
     /// How old a namespace view may be before a sync target's delete is allowed on it only
     /// after a fresh read.
     pub max_staleness: Duration,
+    /// kcp (`--kcp-kubeconfig`): where the kcp namespaces that located namespaces stand for are
+    /// read. `None`: handoff reads the physical namespaces only.
+    pub kcp: Option<Arc<kcp::Kcp>>,
     /// Namespace reads in flight, one per name; each removes itself when it ends.
     reads: Arc<std::sync::Mutex<std::collections::HashMap<Box<str>, NamespaceRead>>>,
 }
@@ -160,6 +179,7 @@ impl State {
             health: Health::default(),
             stale_after: Duration::from_secs(30),
             max_staleness: Duration::from_secs(10),
+            kcp: None,
             reads: Default::default(),
         }
     }
@@ -346,6 +366,32 @@ impl State {
                     NamespaceLookup::Plain
                 }
             }
+        }
+    }
+
+    /// The kcp namespace that a namespace's locator names, as the guard needs it: read (or
+    /// answered from a view at most `--max-staleness` old) only when handoff reads kcp and the
+    /// namespace is located. Call it for sync targets only.
+    pub async fn kcp_namespace(&self, lookup: &NamespaceLookup) -> KcpRead {
+        let (Some(kcp), NamespaceLookup::Relevant(meta)) = (&self.kcp, lookup) else {
+            return KcpRead::NotRead;
+        };
+        match meta.kcp.as_deref() {
+            None => KcpRead::NotRead,
+            Some(Err(why)) => KcpRead::Unavailable {
+                at: None,
+                why: why.clone(),
+            },
+            Some(Ok(at)) => match kcp.namespace(at).await {
+                kcp::KcpLookup::Known(view) => KcpRead::Known {
+                    at: at.clone(),
+                    view,
+                },
+                kcp::KcpLookup::Unavailable(why) => KcpRead::Unavailable {
+                    at: Some(at.clone()),
+                    why,
+                },
+            },
         }
     }
 

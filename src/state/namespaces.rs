@@ -154,6 +154,22 @@ impl NamespaceCache {
     pub fn proven_ago(&self) -> Option<Duration> {
         self.0.proven_ago()
     }
+
+    /// Every namespace whose locator names a kcp namespace: `(name, kcp namespace, whether it
+    /// carries a blocking sync finalizer itself)`. For the mirror; kept only when handoff reads
+    /// kcp.
+    pub fn located_in_kcp(&self) -> Vec<(String, crate::policy::identity::KcpNamespace, bool)> {
+        self.0.fold(Vec::new(), |mut out, (name, meta)| {
+            if let Some(Ok(at)) = meta.kcp.as_deref() {
+                out.push((
+                    name.as_str().to_string(),
+                    at.clone(),
+                    meta.finalizers.is_some(),
+                ));
+            }
+            out
+        })
+    }
 }
 
 #[cfg(test)]

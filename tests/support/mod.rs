@@ -1,3 +1,4 @@
 pub mod apiserver;
 pub mod fake_api;
 pub mod https;
+pub mod kcp;
