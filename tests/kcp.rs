@@ -164,6 +164,26 @@ fn a_hold_set_in_kcp_holds_the_sync_target_is_mirrored_lifts_there_and_kcp_down_
         "{:?}",
         managers(&api, ns)
     );
+    // The mirrored hold is what the in-API-server policy reads (it cannot call kcp): with the
+    // policy installed, the syncer's delete is refused by it, before any webhook is asked.
+    api.ok(ADMIN, &["create", "namespace", "handoff-system"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["policy", "install", "--kubeconfig"])
+        .arg(api.kubeconfig(ADMIN))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("handoff policy install");
+    assert!(
+        out.status.success(),
+        "policy install: {}",
+        text(&out.stderr)
+    );
+    eventually("the admission policy holds the mirrored hold", WAIT, || {
+        let (ok, err) = as_syncer(&api, &[&delete_b[..], &["--dry-run=server"]].concat());
+        (!ok && err.contains("ValidatingAdmissionPolicy 'handoff-sync-finalizer'")
+            && err.contains(&format!("{HOLD}=\"glbc-migration\"")))
+        .then_some(())
+    });
     // The mirror's rights cannot bring a namespace back: an apply that would create one is
     // refused (patch, no create).
     let out = std::process::Command::new("kubectl")
