@@ -244,6 +244,20 @@ fn guard_rows() -> Vec<GuardRow> {
             true,
         ),
         row(
+            "locator-without-cluster",
+            SYNCER,
+            vec![
+                (
+                    "kcp.io/namespace-locator",
+                    r#"{"syncTarget":{"name":"us-west1","uid":"syncTargetUID"},"namespace":"test"}"#,
+                ),
+                hold(OTHER_KEY),
+            ],
+            vec![],
+            Delete,
+            false,
+        ),
+        row(
             "foreign-locator-held",
             SYNCER,
             vec![("kcp.io/namespace-locator", EU_LOCATOR), hold(OTHER_KEY)],
@@ -461,6 +475,27 @@ fn pin_run(api: &ApiServer) -> Vec<(&'static str, (i64, Option<String>))> {
         "handoff's own Deployment",
         deployment(api, "handoff-system", "handoff-pin"),
     ));
+    // Taken out of the window's selector by the update itself: the webhook reads the new
+    // labels; a binding's objectSelector also matches the old ones (the policy checks again).
+    apply(&capi_deployment("pin-capi", "out", Some(3)));
+    kubectl_ok(
+        api,
+        &[
+            "-n",
+            "pin-capi",
+            "patch",
+            "deployment",
+            "out",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"labels":{"cluster.x-k8s.io/provider":null}},"spec":{"replicas":2}}"#,
+        ],
+        None,
+    );
+    seen.push((
+        "relabelled out of the window",
+        deployment(api, "pin-capi", "out"),
+    ));
     seen
 }
 
@@ -477,6 +512,7 @@ fn expected_pins() -> Vec<(&'static str, (i64, Option<String>))> {
         ("an app's create", (2, None)),
         ("an app's scale", (3, None)),
         ("handoff's own Deployment", (2, None)),
+        ("relabelled out of the window", (2, s("3"))),
     ]
 }
 

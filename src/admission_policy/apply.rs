@@ -144,7 +144,7 @@ pub fn objects(
     inst: &Install,
     dir: &Directory,
     served: Served,
-    open_windows: &[(String, LabelSelector)],
+    open_windows: &[(String, Option<String>, LabelSelector)],
 ) -> Vec<Value> {
     let mut out = Vec::new();
     if served.validating {
@@ -156,8 +156,8 @@ pub fn objects(
     if served.mutating && served.move_windows {
         out.push(pin_policy(&inst.own, &inst.rollout));
         out.push(pin_scale_policy(&inst.own, &inst.rollout));
-        for (w, sel) in open_windows {
-            out.extend(window_bindings(w, sel));
+        for (w, uid, sel) in open_windows {
+            out.extend(window_bindings(w, uid.as_deref(), sel));
         }
     }
     out
@@ -180,7 +180,7 @@ pub fn gaps(served: Served) -> Vec<String> {
 async fn open_windows(
     client: &kube::Client,
     served: Served,
-) -> Result<Vec<(String, LabelSelector)>, kube::Error> {
+) -> Result<Vec<(String, Option<String>, LabelSelector)>, kube::Error> {
     if !served.move_windows {
         return Ok(Vec::new());
     }
@@ -196,7 +196,7 @@ async fn open_windows(
                 .deployment_selector
                 .clone()
                 .unwrap_or_else(default_deployment_selector);
-            Some((w.metadata.name?, sel))
+            Some((w.metadata.name?, w.metadata.uid, sel))
         })
         .collect())
 }
@@ -210,6 +210,12 @@ pub async fn plan(
     let located = located_in_cluster(client, &inst.ids).await?;
     let dir = directory(&inst.ids, &located);
     let windows = open_windows(client, served).await?;
+    if !dir.unpublishable.is_empty() {
+        anyhow::bail!(
+            "config: these identities cannot be published to the admission policy, which would then never hold them: {}",
+            dir.unpublishable.join("; ")
+        );
+    }
     let mut notes = gaps(served);
     notes.extend(
         dir.skipped
@@ -299,11 +305,12 @@ pub async fn uninstall(
                 .filter_map(|o| o.metadata.name)
                 .collect();
             // And the fixed names, in case a label was edited away.
-            for fixed in [GUARD_POLICY, PIN_POLICY, PIN_SCALE_POLICY] {
-                if !kind.ends_with("Binding") || fixed == GUARD_POLICY {
-                    names.push(fixed.to_string());
-                }
-            }
+            let fixed: &[&str] = match kind {
+                "ValidatingAdmissionPolicyBinding" | "ValidatingAdmissionPolicy" => &[GUARD_POLICY],
+                "MutatingAdmissionPolicy" => &[PIN_POLICY, PIN_SCALE_POLICY],
+                _ => &[],
+            };
+            names.extend(fixed.iter().map(|f| f.to_string()));
             names.sort();
             names.dedup();
             for n in names {
@@ -371,7 +378,11 @@ pub async fn bind_window(
     window: &str,
     selector: &LabelSelector,
 ) -> Result<(), kube::Error> {
-    for b in window_bindings(window, selector) {
+    let uid = Api::<MoveWindow>::all(client.clone())
+        .get_opt(window)
+        .await?
+        .and_then(|w| w.metadata.uid);
+    for b in window_bindings(window, uid.as_deref(), selector) {
         apply(client, &b).await?;
     }
     Ok(())
@@ -418,6 +429,7 @@ pub async fn keep_published(
                         configmap = %params,
                         identities = dir.data.len(),
                         skipped = ?dir.skipped,
+                        unpublishable = ?dir.unpublishable,
                         "published sync-target identities for the admission policy"
                     );
                     last_error = None;

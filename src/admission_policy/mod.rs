@@ -137,7 +137,12 @@ pub fn service_account_key(sa_name: &str) -> String {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Directory {
     pub data: BTreeMap<String, String>,
+    /// Sync targets of namespace locators that cannot be published: their syncers stay
+    /// unresolved in the policy, held wherever any sync finalizer blocks.
     pub skipped: Vec<String>,
+    /// Config-file identities that cannot be published: the policy would never hold them, so
+    /// `handoff policy install` refuses.
+    pub unpublishable: Vec<String>,
 }
 
 fn token(s: Option<&str>) -> Option<&str> {
@@ -176,11 +181,16 @@ pub fn directory(ids: &Identities, located: &[(String, std::sync::Arc<Located>)]
             Ok((k, v)) => {
                 dir.data.insert(k, v);
             }
-            Err(e) => dir.skipped.push(e),
+            Err(e) => dir.unpublishable.push(e),
         }
     }
+    // In a fixed order, so that replicas with the same view publish the same content.
+    let place = |l: &Located| match l {
+        Located::Target { target, .. } => (target.cluster.clone(), target.name.clone()),
+        Located::Unusable(_) => (None, None),
+    };
     let mut located: Vec<_> = located.iter().collect();
-    located.sort_by(|a, b| a.0.cmp(&b.0));
+    located.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| place(&a.1).cmp(&place(&b.1))));
     for (uid, l) in located {
         let Located::Target { id, target } = l.as_ref() else {
             continue;
@@ -409,11 +419,26 @@ pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {
         ),
         var("objAnn", "oldObject.?metadata.?annotations.orValue({})".into()),
         var("locator", locator),
+        var(
+            "st",
+            format!("variables.locator.find({})", cel_str(r#""syncTarget":\{[^{}]*\}"#)),
+        ),
+        var(
+            "c",
+            "variables.conv == '' ? [] : variables.conv.split(' ')".into(),
+        ),
         // A syncer is tied to its sync target only when the namespace's locator names the
         // UID and name it was published with (kcp writes the locator as compact JSON).
         var(
             "fields",
-            "variables.explicit != '' ? variables.explicit.split(' ') : (variables.conv != '' && size(variables.conv.split(' ')) == 4 && variables.locator.contains('\"uid\":\"' + variables.conv.split(' ')[0] + '\"') && variables.locator.contains('\"name\":\"' + variables.conv.split(' ')[1] + '\"') ? variables.conv.split(' ') : [])".into(),
+            // The locator's syncTarget object must name the UID, name and logical cluster
+            // the entry was published with (its own cluster, else the locator's): what the
+            // webhook's `locate` reads from the parsed JSON.
+            format!(
+                "variables.explicit != '' ? variables.explicit.split(' ') : (size(variables.c) == 4 && {st}.contains('\"uid\":\"' + variables.c[0] + '\"') && {st}.contains('\"name\":\"' + variables.c[1] + '\"') && ({st}.contains('\"cluster\":\"' + variables.c[2] + '\"') || {st}.contains('\"workspace\":\"' + variables.c[2] + '\"') || {st}.contains('\"path\":\"' + variables.c[2] + '\"') || (!{st}.matches({named}) && (variables.locator.contains('\"cluster\":\"' + variables.c[2] + '\"') || variables.locator.contains('\"workspace\":\"' + variables.c[2] + '\"')))) ? variables.c : [])",
+                st = "variables.st",
+                named = cel_str(r#""(cluster|workspace|path)":"[^"]+""#),
+            ),
         ),
         var("resolved", "size(variables.fields) == 4".into()),
         var(
@@ -474,6 +499,7 @@ pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {
             "failurePolicy": "Fail",
             "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
             "matchConstraints": {
+                "namespaceSelector": namespace_selector(),
                 "resourceRules": [
                     {"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["*/*"], "scope": "Namespaced"},
                     {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["namespaces"]}
@@ -488,6 +514,12 @@ pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {
             }],
         }
     })
+}
+
+/// Never in the path of the control plane or of handoff itself, as the webhooks' own
+/// `namespaceSelector` (for a Namespace, this selects on the Namespace itself).
+fn namespace_selector() -> Value {
+    json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "handoff-system"]}]})
 }
 
 const PARAMS_HINT: &str = "is handoff serve running with the namespaces watch, or was handoff policy install run after the namespace appeared?";
@@ -537,6 +569,42 @@ fn window_open_condition() -> Value {
     json!({"name": "window-open", "expression": "params.?spec.?state.orValue('') == 'Open'"})
 }
 
+/// A label selector as CEL over `labels` (a map): Kubernetes' semantics (`NotIn` and
+/// `DoesNotExist` hold where the key is absent).
+pub fn cel_selector(sel: &LabelSelector, labels: &str) -> String {
+    let mut terms: Vec<String> = Vec::new();
+    for (k, v) in sel.match_labels.iter().flatten() {
+        terms.push(format!(
+            "({k} in {labels} && {labels}[{k}] == {v})",
+            k = cel_str(k),
+            v = cel_str(v)
+        ));
+    }
+    for e in sel.match_expressions.iter().flatten() {
+        let k = cel_str(&e.key);
+        let vals = cel_list(e.values.as_deref().unwrap_or_default());
+        terms.push(match e.operator.as_str() {
+            "In" => format!("({k} in {labels} && {labels}[{k}] in {vals})"),
+            "NotIn" => format!("!({k} in {labels} && {labels}[{k}] in {vals})"),
+            "Exists" => format!("({k} in {labels})"),
+            "DoesNotExist" => format!("!({k} in {labels})"),
+            _ => "false".to_string(),
+        });
+    }
+    if terms.is_empty() {
+        "true".into()
+    } else {
+        format!("({})", terms.join(" && "))
+    }
+}
+
+/// The same, for a selector read from the parameter at admission time.
+fn cel_params_selector(sel: &str, labels: &str) -> String {
+    format!(
+        "((!has({sel}.matchLabels) || {sel}.matchLabels.all(k, k in {labels} && {labels}[k] == {sel}.matchLabels[k])) && (!has({sel}.matchExpressions) || {sel}.matchExpressions.all(e, e.operator == 'In' ? (e.key in {labels} && {labels}[e.key] in e.?values.orValue([])) : e.operator == 'NotIn' ? !(e.key in {labels} && {labels}[e.key] in e.?values.orValue([])) : e.operator == 'Exists' ? e.key in {labels} : e.operator == 'DoesNotExist' ? !(e.key in {labels}) : false)))"
+    )
+}
+
 /// A count the webhook can read back (`SavedReplicas::parse`): a non-negative i32.
 fn cel_readable(s: &str) -> String {
     format!("({s}.trim().matches('^[+]?[0-9]{{1,10}}$') && int({s}.trim()) <= 2147483647)")
@@ -547,6 +615,17 @@ fn cel_readable(s: &str) -> String {
 pub fn pin_policy(own: &OwnDeployment, rollout: &Rollout) -> Value {
     let key = SAVED_REPLICAS_ANNOTATION;
     let mut conditions = vec![own_condition(own), window_open_condition()];
+    // A binding's objectSelector matches when the old *or* the new object matches; the webhook
+    // pins only what the window selects now, so an update that takes a Deployment out of the
+    // selector passes unpinned.
+    conditions.push(json!({
+        "name": "selected-by-window",
+        "expression": format!(
+            "has(params.spec.deploymentSelector) ? {} : {}",
+            cel_params_selector("params.spec.deploymentSelector", "object.metadata.?labels.orValue({})"),
+            cel_selector(&crate::resources::move_window::default_deployment_selector(), "object.metadata.?labels.orValue({})"),
+        ),
+    }));
     conditions.extend(exemption_conditions(rollout));
     let variables = vec![
         var(
@@ -580,9 +659,11 @@ pub fn pin_policy(own: &OwnDeployment, rollout: &Rollout) -> Value {
     );
     mutating_policy(
         PIN_POLICY,
-        // Fail, as the webhook's Deployment entry: only Deployments a window's selector picks
-        // are bound, so a failure refuses nothing else.
-        "Fail",
+        // Ignore, unlike the webhook's Deployment entry: the API server raises a policy's
+        // configuration errors (its parameter kind gone with the CRD) before it reads a
+        // binding's objectSelector, so Fail could refuse every Deployment write in the cluster.
+        // The CEL itself does not fail; the webhook, where it runs, still fails closed.
+        "Ignore",
         json!([{"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]}]),
         conditions,
         variables,
@@ -640,7 +721,7 @@ fn mutating_policy(
         "spec": {
             "failurePolicy": failure,
             "paramKind": {"apiVersion": "handoff.dev/v1alpha1", "kind": "MoveWindow"},
-            "matchConstraints": {"resourceRules": rules},
+            "matchConstraints": {"namespaceSelector": namespace_selector(), "resourceRules": rules},
             "matchConditions": conditions,
             "variables": variables,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch}}],
@@ -659,8 +740,13 @@ fn mode_name(mode: Mode) -> &'static str {
 
 /// The bindings that make an open MoveWindow pin through the policies: its Deployments by its
 /// selector, and scale requests for the Deployments it lists as pinned.
-pub fn window_bindings(window: &str, selector: &LabelSelector) -> [Value; 2] {
-    let meta = |name: String| json!({"name": name, "labels": {MANAGED_BY.0: MANAGED_BY.1, WINDOW_LABEL: window}});
+pub fn window_bindings(window: &str, uid: Option<&str>, selector: &LabelSelector) -> [Value; 2] {
+    // Owned by the window: deleting it (or its CRD) without `window close` takes them along.
+    let owners: Vec<Value> = uid
+        .map(|uid| json!({"apiVersion": "handoff.dev/v1alpha1", "kind": "MoveWindow", "name": window, "uid": uid}))
+        .into_iter()
+        .collect();
+    let meta = |name: String| json!({"name": name, "labels": {MANAGED_BY.0: MANAGED_BY.1, WINDOW_LABEL: window}, "ownerReferences": owners});
     let param = json!({"name": window, "parameterNotFoundAction": "Allow"});
     [
         json!({

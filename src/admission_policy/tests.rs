@@ -80,7 +80,7 @@ fn directory_publishes_config_and_located_syncers() {
     bad.add_key("ok", "a key");
     let dir = directory(&bad, &[]);
     assert!(dir.data.is_empty());
-    assert_eq!(dir.skipped.len(), 2, "{:?}", dir.skipped);
+    assert_eq!(dir.unpublishable.len(), 2, "{:?}", dir.unpublishable);
 }
 
 #[test]
@@ -135,6 +135,7 @@ fn pin_policies_never_match_outside_enforce_and_skip_handoff_itself() {
     assert_eq!(warn["spec"]["failurePolicy"], "Ignore");
     let [d, s] = window_bindings(
         "move-1",
+        Some("uid-1"),
         &crate::resources::move_window::default_deployment_selector(),
     );
     assert_eq!(d["metadata"]["name"], "handoff-pin-move-1");
@@ -162,6 +163,7 @@ fn install_writes_only_what_the_cluster_serves_and_says_what_stays_on_the_webhoo
             served,
             &[(
                 "w".into(),
+                None,
                 crate::resources::move_window::default_deployment_selector(),
             )],
         )
@@ -207,4 +209,26 @@ fn install_writes_only_what_the_cluster_serves_and_says_what_stays_on_the_webhoo
     };
     assert_eq!(kinds(no_crd).len(), 3);
     assert!(gaps(no_crd)[0].contains("MoveWindow CRD is not installed"));
+}
+
+#[test]
+fn selectors_render_as_kubernetes_evaluates_them() {
+    let default = cel_selector(
+        &crate::resources::move_window::default_deployment_selector(),
+        "l",
+    );
+    assert_eq!(
+        default,
+        "(('clusterctl.cluster.x-k8s.io' in l) && ('cluster.x-k8s.io/provider' in l) && !('clusterctl.cluster.x-k8s.io/core' in l && l['clusterctl.cluster.x-k8s.io/core'] in ['cert-manager', 'inventory']))"
+    );
+    let sel =
+        crate::policy::selector::parse_label_selector("app=web,tier notin (db),!legacy").unwrap();
+    assert_eq!(
+        cel_selector(&sel, "l"),
+        "(('app' in l && l['app'] == 'web') && !('tier' in l && l['tier'] in ['db']) && !('legacy' in l))"
+    );
+    assert_eq!(cel_selector(&Default::default(), "l"), "true");
+    let [d, _] = window_bindings("w", Some("u"), &sel);
+    assert_eq!(d["metadata"]["ownerReferences"][0]["uid"], "u");
+    assert_eq!(d["metadata"]["ownerReferences"][0]["kind"], "MoveWindow");
 }
