@@ -496,6 +496,26 @@ fn pin_run(api: &ApiServer) -> Vec<(&'static str, (i64, Option<String>))> {
         "relabelled out of the window",
         deployment(api, "pin-capi", "out"),
     ));
+    // Created at 0 with a count nobody can read: left for `window close` to report.
+    apply(&capi_deployment("pin-capi", "garbled", Some(0)).replacen(
+        "  labels:\n",
+        &format!("  annotations:\n    {SAVED}: \"-0x\"\n  labels:\n"),
+        1,
+    ));
+    seen.push((
+        "created with an unreadable count",
+        deployment(api, "pin-capi", "garbled"),
+    ));
+    // A signed, zero-padded count is still a count.
+    apply(&capi_deployment("pin-capi", "padded", Some(0)).replacen(
+        "  labels:\n",
+        &format!("  annotations:\n    {SAVED}: \"+0007\"\n  labels:\n"),
+        1,
+    ));
+    seen.push((
+        "created with a padded count",
+        deployment(api, "pin-capi", "padded"),
+    ));
     seen
 }
 
@@ -513,6 +533,8 @@ fn expected_pins() -> Vec<(&'static str, (i64, Option<String>))> {
         ("an app's scale", (3, None)),
         ("handoff's own Deployment", (2, None)),
         ("relabelled out of the window", (2, s("3"))),
+        ("created with an unreadable count", (0, s("-0x"))),
+        ("created with a padded count", (0, s("7"))),
     ]
 }
 

@@ -607,7 +607,11 @@ fn cel_params_selector(sel: &str, labels: &str) -> String {
 
 /// A count the webhook can read back (`SavedReplicas::parse`): a non-negative i32.
 fn cel_readable(s: &str) -> String {
-    format!("({s}.trim().matches('^[+]?[0-9]{{1,10}}$') && int({s}.trim()) <= 2147483647)")
+    // Rust's i32 parse takes a sign and any number of leading zeros; CEL's `int` must not
+    // overflow (an error would skip the pin), hence at most ten significant digits.
+    format!(
+        "({s}.trim().matches('^[+-]?0*[0-9]{{1,10}}$') && int({s}.trim()) >= 0 && int({s}.trim()) <= 2147483647)"
+    )
 }
 
 /// The pin for Deployments: `replicas: 0` and the count asked for in
