@@ -214,6 +214,16 @@ mod tests {
     }
 }
 
+/// `NAMESPACE/NAME`, as flags that name one namespaced object take it.
+pub fn parse_namespaced_name(s: &str) -> Result<(String, String), String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_string(), name.to_string()))
+        }
+        _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+    }
+}
+
 /// Whether the base manifests' matchCondition `kcp-syncers-only` lets the API server send this
 /// user's deletes to handoff: the same test as its CEL expression, which reads
 /// `request.userInfo.username.startsWith('system:serviceaccount:') &&

@@ -307,15 +307,8 @@ struct CertsArgs {
 }
 
 fn own_deployment(s: &str) -> Result<OwnDeployment, String> {
-    match s.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-            Ok(OwnDeployment {
-                namespace: ns.to_string(),
-                name: name.to_string(),
-            })
-        }
-        _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
-    }
+    let (namespace, name) = handoff::config::parse_namespaced_name(s)?;
+    Ok(OwnDeployment { namespace, name })
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

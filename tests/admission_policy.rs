@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::apiserver::{
-    ADMIN, ApiServer, HANDOFF_USER, Handoff, LOCATOR, SYNC_TARGET_KEY, SYNCER, eventually, skip,
+    ADMIN, ApiServer, HANDOFF_USER, Handoff, LOCATOR, SYNC_TARGET_KEY, SYNCER, app_deployment,
+    capi_deployment, eventually, handoff_cmd, skip, text,
 };
 
 const SAVED: &str = "handoff.dev/replicas-before-move";
@@ -26,20 +27,6 @@ const UNKNOWN_SYNCER: &str = "system:serviceaccount:kcp-syncer-eu-abcdefgh:kcp-s
 const EXPLICIT: &str = "system:serviceaccount:edge:kcp-syncer-edge";
 const EU_LOCATOR: &str = r#"{"syncTarget":{"cluster":"root:org:ws","name":"eu-central1","uid":"euUID"},"cluster":"root:org:ws","namespace":"eu"}"#;
 const WAIT: Duration = Duration::from_secs(30);
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn handoff_cmd(api: &ApiServer, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(api.kubeconfig(ADMIN))
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("handoff")
-}
 
 fn config_file(dir: &Path) -> String {
     let path = dir.join("config.yaml");
@@ -341,21 +328,6 @@ fn guard_run_in(api: &ApiServer, ns: String, r: &GuardRow) -> (bool, String) {
     }
     let out = api.kubectl(ADMIN, &args);
     (out.status.success(), text(&out.stderr))
-}
-
-fn capi_deployment(ns: &str, name: &str, replicas: Option<i64>) -> String {
-    let replicas = replicas
-        .map(|r| format!("  replicas: {r}\n"))
-        .unwrap_or_default();
-    format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    cluster.x-k8s.io/provider: cluster-api\n    clusterctl.cluster.x-k8s.io: \"\"\nspec:\n{replicas}  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: manager\n        image: registry.example/capi:v1\n"
-    )
-}
-
-fn app_deployment(ns: &str, name: &str, replicas: i64) -> String {
-    format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: web\n        image: registry.example/web:v1\n"
-    )
 }
 
 /// `(spec.replicas, the saved-count annotation)` of a Deployment, or of a JSON object.

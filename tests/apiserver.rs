@@ -14,7 +14,8 @@ use std::time::Duration;
 use serde_json::Value;
 use support::apiserver::{
     ADMIN, ApiServer, FreezingProxy, GUARD_USER, HANDOFF_USER, Handoff, LOCATOR, NOBODY,
-    SYNC_TARGET_KEY, SYNCER, eventually, http_get, skip,
+    SYNC_TARGET_KEY, SYNCER, app_deployment, capi_deployment, eventually, handoff_cmd, http_get,
+    skip, text,
 };
 
 const SAVED: &str = "handoff.dev/replicas-before-move";
@@ -70,10 +71,6 @@ fn start_registered(api: &ApiServer, user: &str, wait: bool, extra: &[&str]) -> 
         handoff.wait_ready();
     }
     (handoff, rendered)
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 fn held_namespace(api: &ApiServer, name: &str, key: &str) {
@@ -219,18 +216,6 @@ fn a_namespace_created_a_moment_before_the_delete_is_held() {
     assert!(exists(api, &["-n", ns, "secret", "db-password"]));
 }
 
-fn capi_deployment(ns: &str, name: &str, replicas: i64) -> String {
-    format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    cluster.x-k8s.io/provider: cluster-api\n    clusterctl.cluster.x-k8s.io: \"\"\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: manager\n        image: registry.example/capi:v1\n"
-    )
-}
-
-fn app_deployment(ns: &str, name: &str, replicas: i64) -> String {
-    format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: web\n        image: registry.example/web:v1\n"
-    )
-}
-
 /// `(spec.replicas, the saved-count annotation)` of a Deployment.
 fn replicas(api: &ApiServer, ns: &str, name: &str) -> (i64, Option<String>) {
     let d: Value =
@@ -242,16 +227,6 @@ fn replicas(api: &ApiServer, ns: &str, name: &str) -> (i64, Option<String>) {
             .as_str()
             .map(str::to_string),
     )
-}
-
-fn handoff_cmd(api: &ApiServer, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(api.kubeconfig(ADMIN))
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("handoff")
 }
 
 fn metric(handoff: &Handoff, name: &str) -> Option<f64> {
@@ -273,7 +248,11 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
     let Env { api, handoff } = env();
     api.ok(ADMIN, &["create", "namespace", "pin-capi"]);
     api.ok(ADMIN, &["create", "namespace", "pin-app"]);
-    api.apply(&capi_deployment("pin-capi", "capi-controller-manager", 2));
+    api.apply(&capi_deployment(
+        "pin-capi",
+        "capi-controller-manager",
+        Some(2),
+    ));
     api.apply(&app_deployment("pin-app", "web", 1));
 
     // A dry run says what open would do and writes nothing.
@@ -348,7 +327,11 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
     let out = api.kubectl_stdin(
         ADMIN,
         &["apply", "-f", "-"],
-        Some(&capi_deployment("pin-capi", "capi-kubeadm-bootstrap", 3)),
+        Some(&capi_deployment(
+            "pin-capi",
+            "capi-kubeadm-bootstrap",
+            Some(3),
+        )),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let warning = text(&out.stderr);
@@ -366,7 +349,11 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
     let out = api.kubectl_stdin(
         ADMIN,
         &["apply", "-f", "-"],
-        Some(&capi_deployment("pin-capi", "capi-controller-manager", 4)),
+        Some(&capi_deployment(
+            "pin-capi",
+            "capi-controller-manager",
+            Some(4),
+        )),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("Warning: MoveWindow"));
@@ -386,7 +373,11 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
             "-f",
             "-",
         ],
-        Some(&capi_deployment("pin-capi", "capi-controller-manager", 5)),
+        Some(&capi_deployment(
+            "pin-capi",
+            "capi-controller-manager",
+            Some(5),
+        )),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
@@ -604,7 +595,11 @@ fn a_crd_installed_after_start_up_is_picked_up() {
     );
     handoff.wait_ready();
     api.ok(ADMIN, &["create", "namespace", "late-capi"]);
-    api.apply(&capi_deployment("late-capi", "capi-controller-manager", 1));
+    api.apply(&capi_deployment(
+        "late-capi",
+        "capi-controller-manager",
+        Some(1),
+    ));
     let out = handoff_cmd(&api, &["window", "open", "late", "--wait-timeout", "0s"]);
     assert!(out.status.success(), "window open: {}", text(&out.stderr));
     eventually("handoff sees the window", WAIT, || {
@@ -778,7 +773,11 @@ fn warn_audit_and_break_glass_as_users_meet_them_and_back_to_enforce_without_a_r
 
     // Break-glass: a member of the exempt group scales a pinned controller during a window.
     api.ok(ADMIN, &["create", "namespace", "bg-capi"]);
-    api.apply(&capi_deployment("bg-capi", "capi-controller-manager", 2));
+    api.apply(&capi_deployment(
+        "bg-capi",
+        "capi-controller-manager",
+        Some(2),
+    ));
     let out = handoff_cmd(&api, &["window", "open", "bg", "--wait-timeout", "0s"]);
     assert!(out.status.success(), "window open: {}", text(&out.stderr));
     eventually("handoff sees the window", WAIT, || {

@@ -9,16 +9,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::apiserver::{
-    ADMIN, ApiServer, HANDOFF_USER, Handoff, LOCATOR, SYNCER, eventually, skip,
+    ADMIN, ApiServer, HANDOFF_USER, Handoff, LOCATOR, SYNCER, eventually, handoff_cmd, skip, text,
 };
 use support::kcp::KcpStandIn;
 
 const WAIT: Duration = Duration::from_secs(30);
 const HOLD: &str = "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g";
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// handoff's RBAC as the base manifests and the kcp overlay grant it, to the one user that
 /// serves both webhooks here, and the syncer's own rights.
@@ -167,12 +163,7 @@ fn a_hold_set_in_kcp_holds_the_sync_target_is_mirrored_lifts_there_and_kcp_down_
     // The mirrored hold is what the in-API-server policy reads (it cannot call kcp): with the
     // policy installed, the syncer's delete is refused by it, before any webhook is asked.
     api.ok(ADMIN, &["create", "namespace", "handoff-system"]);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
-        .args(["policy", "install", "--kubeconfig"])
-        .arg(api.kubeconfig(ADMIN))
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("handoff policy install");
+    let out = handoff_cmd(&api, &["policy", "install"]);
     assert!(
         out.status.success(),
         "policy install: {}",

@@ -56,15 +56,8 @@ impl Default for ParamsRef {
 impl std::str::FromStr for ParamsRef {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(ParamsRef {
-                    namespace: ns.into(),
-                    name: name.into(),
-                })
-            }
-            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
-        }
+        let (namespace, name) = crate::config::parse_namespaced_name(s)?;
+        Ok(ParamsRef { namespace, name })
     }
 }
 

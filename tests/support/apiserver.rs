@@ -766,3 +766,37 @@ pub fn eventually<T>(what: &str, within: Duration, mut check: impl FnMut() -> Op
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Lossy UTF-8 of a command's output.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The `handoff` binary under test, as the admin of `api`.
+pub fn handoff_cmd(api: &ApiServer, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(api.kubeconfig(ADMIN))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("handoff")
+}
+
+/// A Cluster API provider controller, as the default MoveWindow selector picks them; no
+/// `replicas` when `None`.
+pub fn capi_deployment(ns: &str, name: &str, replicas: Option<i64>) -> String {
+    let replicas = replicas
+        .map(|r| format!("  replicas: {r}\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    cluster.x-k8s.io/provider: cluster-api\n    clusterctl.cluster.x-k8s.io: \"\"\nspec:\n{replicas}  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: manager\n        image: registry.example/capi:v1\n"
+    )
+}
+
+/// An application's Deployment, which no window selects.
+pub fn app_deployment(ns: &str, name: &str, replicas: i64) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: web\n        image: registry.example/web:v1\n"
+    )
+}
