@@ -282,22 +282,13 @@ fn labels() -> Value {
 
 /// The exemptions as match conditions: an exempt requester is never evaluated.
 fn exemption_conditions(rollout: &Rollout) -> Vec<Value> {
-    let users: Vec<String> = rollout
-        .exemptions
-        .iter()
-        .filter_map(|e| match e {
-            Exemption::Username(u) => Some(u.clone()),
-            _ => None,
-        })
-        .collect();
-    let groups: Vec<String> = rollout
-        .exemptions
-        .iter()
-        .filter_map(|e| match e {
-            Exemption::Group(g) => Some(g.clone()),
-            _ => None,
-        })
-        .collect();
+    let (mut users, mut groups) = (Vec::new(), Vec::new());
+    for e in &rollout.exemptions {
+        match e {
+            Exemption::Username(u) => users.push(u.clone()),
+            Exemption::Group(g) => groups.push(g.clone()),
+        }
+    }
     let mut out = Vec::new();
     if !users.is_empty() {
         out.push(json!({

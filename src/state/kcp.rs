@@ -20,12 +20,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::Event;
 
 use super::cache::Projected;
+use super::single_flight::SingleFlight;
 use super::{State, WatchHealth};
 use crate::policy::identity::{Identities, KcpNamespace};
 use crate::policy::sync_finalizer::{SoftFinalizer, blocking_finalizers};
@@ -75,10 +75,6 @@ pub enum KcpLookup {
 /// Read answers, with when each read began.
 type Answers = HashMap<KcpNamespace, (Instant, Arc<KcpView>)>;
 
-type Read = futures::future::Shared<
-    futures::future::BoxFuture<'static, Result<(Instant, Arc<KcpView>), String>>,
->;
-
 /// kcp, as the guard and the mirror read it.
 pub struct Kcp {
     /// kcp's base URL (without any `/clusters/…`), for messages.
@@ -97,7 +93,7 @@ pub struct Kcp {
     pub health: WatchHealth,
     /// Answers of reads, with when the read began.
     read: Arc<Mutex<Answers>>,
-    in_flight: Arc<Mutex<HashMap<KcpNamespace, Read>>>,
+    in_flight: SingleFlight<KcpNamespace, (Instant, Arc<KcpView>)>,
 }
 
 /// kcp's base URL of a kcp kubeconfig's server: a kubeconfig made for one workspace points at
@@ -191,44 +187,25 @@ impl Kcp {
 
     /// Read `at` from kcp now, joining a read of it already under way.
     async fn read_now(&self, at: &KcpNamespace) -> Result<(Instant, Arc<KcpView>), String> {
-        let read = {
-            let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            in_flight
-                .entry(at.clone())
-                .or_insert_with(|| {
-                    let (client, ids, timeout) =
-                        (self.client.clone(), self.ids.clone(), self.timeout);
-                    let (key, table, answers) =
-                        (at.clone(), self.in_flight.clone(), self.read.clone());
-                    let max_age = self.max_staleness;
-                    let task = tokio::spawn(async move {
-                        let began = Instant::now();
-                        let answer =
-                            match tokio::time::timeout(timeout, get(&client, &key, &ids)).await {
-                                Err(_) => Err(format!("kcp did not answer within {timeout:?}")),
-                                Ok(r) => r,
-                            };
-                        if let Ok(v) = &answer {
-                            let mut answers = answers.lock().unwrap_or_else(|e| e.into_inner());
-                            // Forget answers nobody may use any more, now and then.
-                            if answers.len() >= 1024 && answers.len().is_power_of_two() {
-                                answers.retain(|_, (when, _)| when.elapsed() <= max_age);
-                            }
-                            answers.insert(key.clone(), (began, v.clone()));
-                        }
-                        table.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
-                        answer.map(|v| (began, v))
-                    });
-                    async move {
-                        task.await
-                            .unwrap_or_else(|e| Err(format!("the kcp read failed: {e}")))
-                    }
-                    .boxed()
-                    .shared()
-                })
-                .clone()
-        };
-        read.await
+        let (client, ids, timeout) = (self.client.clone(), self.ids.clone(), self.timeout);
+        let (key, answers, max_age) = (at.clone(), self.read.clone(), self.max_staleness);
+        self.in_flight
+            .run(at.clone(), "the kcp read", move || async move {
+                let began = Instant::now();
+                let answer = match tokio::time::timeout(timeout, get(&client, &key, &ids)).await {
+                    Err(_) => Err(format!("kcp did not answer within {timeout:?}")),
+                    Ok(r) => r,
+                };
+                let v = answer?;
+                let mut answers = answers.lock().unwrap_or_else(|e| e.into_inner());
+                // Forget answers nobody may use any more, now and then.
+                if answers.len() >= 1024 && answers.len().is_power_of_two() {
+                    answers.retain(|_, (when, _)| when.elapsed() <= max_age);
+                }
+                answers.insert(key, (began, v.clone()));
+                Ok((began, v))
+            })
+            .await
     }
 
     /// Keep the wildcard watch's view current, for as long as the process runs. Where kcp

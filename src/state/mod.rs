@@ -5,13 +5,13 @@ pub mod cluster;
 pub mod files;
 pub mod kcp;
 pub mod namespaces;
+pub mod single_flight;
 pub mod windows;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
@@ -144,22 +144,13 @@ pub struct State {
     /// kcp (`--kcp-kubeconfig`): where the kcp namespaces that located namespaces stand for are
     /// read. `None`: handoff reads the physical namespaces only.
     pub kcp: Option<Arc<kcp::Kcp>>,
-    /// Namespace reads in flight, one per name; each removes itself when it ends.
-    reads: Arc<std::sync::Mutex<std::collections::HashMap<Box<str>, NamespaceRead>>>,
+    /// Namespace reads in flight, one per name: the removal epoch each began at, and what it
+    /// found (`None`: no such namespace).
+    reads: single_flight::SingleFlight<Box<str>, (u64, Option<Annotations>)>,
 }
 
-type NamespaceRead = futures::future::Shared<
-    futures::future::BoxFuture<
-        'static,
-        Result<
-            (
-                u64,
-                Option<Option<std::collections::BTreeMap<String, String>>>,
-            ),
-            String,
-        >,
-    >,
->;
+/// A namespace's annotations as a read finds them.
+type Annotations = Option<std::collections::BTreeMap<String, String>>;
 
 impl State {
     pub fn new(ids: Identities) -> Self {
@@ -308,51 +299,30 @@ impl State {
     }
 
     /// Read one namespace from the API server now, with at most one read in flight per name
-    /// (concurrent requests wait for the same answer), bounded by `api_timeout`.
-    ///
-    /// The read runs as a task of its own that removes itself from the table when it ends, so
-    /// a request that gives up (its deadline, a client gone) never leaves a half-done read
-    /// behind for a later request to join, and no answer outlives its read: a request joins
-    /// only a read that started at most `api_timeout` ago.
+    /// (`SingleFlight`: concurrent requests wait for the same answer, and a request joins only
+    /// a read that started at most `api_timeout` ago).
     pub async fn read_namespace(&self, name: &str) -> NamespaceLookup {
         let Some(client) = self.client.clone() else {
             return NamespaceLookup::Plain;
         };
-        let read = {
-            let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
-            reads
-                .entry(name.into())
-                .or_insert_with(|| {
-                    let api = kube::Api::<Namespace>::all(client);
-                    let (key, timeout, table) =
-                        (name.to_string(), self.api_timeout, self.reads.clone());
-                    let epoch = self.namespaces.removal_epoch();
-                    let task = tokio::spawn(async move {
-                        let answer =
-                            match tokio::time::timeout(timeout, api.get_metadata_opt(&key)).await {
-                                Err(_) => {
-                                    Err(format!("the API server did not answer within {timeout:?}"))
-                                }
-                                Ok(Err(e)) => Err(format!("the API server said: {e}")),
-                                Ok(Ok(ns)) => Ok(ns.map(|ns| ns.metadata.annotations)),
-                            };
-                        // Finished: the next request reads again.
-                        table
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(key.as_str());
-                        answer.map(|a| (epoch, a))
-                    });
-                    async move {
-                        task.await
-                            .unwrap_or_else(|e| Err(format!("the namespace read failed: {e}")))
+        let timeout = self.api_timeout;
+        let answer = self
+            .reads
+            .run(name.into(), "the namespace read", || {
+                let api = kube::Api::<Namespace>::all(client);
+                let key = name.to_string();
+                // A read that began before a removal or a relist may bring back what they
+                // removed: `insert_read` checks the epoch.
+                let epoch = self.namespaces.removal_epoch();
+                async move {
+                    match tokio::time::timeout(timeout, api.get_metadata_opt(&key)).await {
+                        Err(_) => Err(format!("the API server did not answer within {timeout:?}")),
+                        Ok(Err(e)) => Err(format!("the API server said: {e}")),
+                        Ok(Ok(ns)) => Ok((epoch, ns.map(|ns| ns.metadata.annotations))),
                     }
-                    .boxed()
-                    .shared()
-                })
-                .clone()
-        };
-        let answer = read.await;
+                }
+            })
+            .await;
         match answer {
             Err(why) => NamespaceLookup::Unavailable(why),
             Ok((_, None)) => NamespaceLookup::Plain,

@@ -339,8 +339,13 @@ fn upsert_pinned(status: &mut MoveWindowStatus, entry: PinnedDeployment) {
     }
 }
 
-/// Create the window, or re-open an existing one; returns the selector in force.
-async fn ensure_open(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write) -> Result<Selector> {
+/// Create the window, or re-open an existing one; returns the selector in force, and whether
+/// the pin's admission policies are bound to it.
+async fn ensure_open(
+    c: &Cluster,
+    opts: &OpenOptions,
+    out: &mut dyn Write,
+) -> Result<(Selector, bool)> {
     let api: Api<MoveWindow> = Api::all(c.client.clone());
     let existing = api
         .get_opt(&opts.name)
@@ -394,10 +399,10 @@ async fn ensure_open(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write) -> Re
     })?;
     // With the pin's admission policies installed, the window binds them too, so that it
     // pins inside the API server even while no handoff replica runs.
-    if crate::admission_policy::apply::pin_installed(&c.client)
+    let bound = crate::admission_policy::apply::pin_installed(&c.client)
         .await
-        .map_err(api_err(c, "reading the MutatingAdmissionPolicy"))?
-    {
+        .map_err(api_err(c, "reading the MutatingAdmissionPolicy"))?;
+    if bound {
         let labels = spec
             .deployment_selector
             .clone()
@@ -431,7 +436,7 @@ async fn ensure_open(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write) -> Re
         s.last_step = Some("window-open".into());
     })
     .await?;
-    Ok(selector)
+    Ok((selector, bound))
 }
 
 /// Scale one Deployment to 0, saving its count in the annotation. Returns the saved count.
@@ -548,7 +553,7 @@ async fn pin_selected(
     Ok(keys)
 }
 
-/// Where the pin's admission policies are bound, wait until the API server enforces them: its
+/// Wait until the API server enforces the pin's admission policies bound to the window: its
 /// policy and parameter caches follow the writes by a moment. A server-side dry run that asks
 /// a pinned Deployment (and its scale) for one replica must come back with zero.
 async fn wait_policy_in_force(
@@ -556,12 +561,6 @@ async fn wait_policy_in_force(
     (ns, name): &(String, String),
     out: &mut dyn Write,
 ) -> Result<()> {
-    if !crate::admission_policy::apply::pin_installed(&c.client)
-        .await
-        .map_err(api_err(c, "reading the MutatingAdmissionPolicy"))?
-    {
-        return Ok(());
-    }
     let api: Api<Deployment> = Api::namespaced(c.client.clone(), ns);
     let dry = PatchParams {
         dry_run: true,
@@ -699,9 +698,9 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
         in_force.push(ensure_open(c, opts, out).await?);
     }
     let mut opened = Vec::new();
-    for (c, selector) in clusters.iter().zip(&in_force) {
+    for (c, (selector, bound)) in clusters.iter().zip(&in_force) {
         let keys = pin_selected(c, opts, selector, out).await?;
-        if let Some(first) = keys.first() {
+        if let (true, Some(first)) = (bound, keys.first()) {
             wait_policy_in_force(c, first, out).await?;
         }
         opened.push((c.clone(), keys));
