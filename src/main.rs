@@ -130,7 +130,8 @@ struct WindowArgs {
 
 #[derive(Subcommand)]
 enum WindowCommand {
-    /// Preflight, create the MoveWindow, pin every selected Deployment to 0, wait for its pods.
+    /// Preflight, create the MoveWindow, stop every selected Deployment (hold its
+    /// leader-election Lease, or pin it to 0), and wait until each is proven stopped.
     Open {
         name: String,
         /// Deployments to pin, in kubectl syntax (default: the Cluster API provider controllers).
@@ -139,9 +140,14 @@ enum WindowCommand {
         /// Why, recorded in the window.
         #[arg(long)]
         reason: Option<String>,
-        /// Open even though pinned Deployments serve webhooks that fail closed.
+        /// Open even though Deployments pinned to 0 serve webhooks that fail closed.
         #[arg(long)]
         allow_webhook_outage: bool,
+        /// How to stop each Deployment: auto (hold the Lease its pods hold or last held, else
+        /// pin to 0), lease (refuse a Deployment without one), scale (pin every one to 0).
+        /// Default: an existing window's own, else auto.
+        #[arg(long, value_enum)]
+        stop: Option<StopArg>,
         /// Print what open would do on each cluster (preflight, each Deployment it would pin
         /// and the count it would save) and write nothing.
         #[arg(long)]
@@ -150,12 +156,16 @@ enum WindowCommand {
         #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = duration)]
         wait_timeout: Duration,
     },
-    /// Close the MoveWindow, then restore every pinned Deployment (target first, then source).
+    /// Close the MoveWindow, then restore every pinned Deployment and release every held
+    /// Lease, waiting until each controller runs or leads again (target first, then source).
     Close {
         name: String,
         /// How long a restore may be re-pinned by a webhook that has not yet seen the close.
         #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = duration)]
         restore_timeout: Duration,
+        /// How long a released Lease may stay without a pod of its Deployment leading.
+        #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = duration)]
+        lead_timeout: Duration,
     },
     /// Show windows, their pinned Deployments and saved counts.
     Status {
@@ -164,6 +174,24 @@ enum WindowCommand {
         #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum StopArg {
+    Auto,
+    Lease,
+    Scale,
+}
+
+impl From<StopArg> for handoff::resources::move_window::StopPolicy {
+    fn from(s: StopArg) -> Self {
+        use handoff::resources::move_window::StopPolicy;
+        match s {
+            StopArg::Auto => StopPolicy::Auto,
+            StopArg::Lease => StopPolicy::Lease,
+            StopArg::Scale => StopPolicy::Scale,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -432,7 +460,7 @@ struct KubeArgs {
 
 async fn window(a: WindowArgs) -> anyhow::Result<()> {
     use handoff::resources::move_window::MoveRole;
-    use handoff::window::ops::{Cluster, WindowError};
+    use handoff::window::{Cluster, WindowError};
     let mut servers = Vec::new();
     let mut connect = async |label: &str,
                              kubeconfig: Option<&std::path::Path>,
@@ -533,10 +561,10 @@ async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
 
 async fn window_command(
     command: WindowCommand,
-    clusters: Vec<handoff::window::ops::Cluster>,
+    clusters: Vec<handoff::window::Cluster>,
     own_deployment: OwnDeployment,
 ) -> anyhow::Result<()> {
-    use handoff::window::ops;
+    use handoff::window as ops;
     let mut out = std::io::stderr();
     match command {
         WindowCommand::Open {
@@ -546,6 +574,7 @@ async fn window_command(
             allow_webhook_outage,
             dry_run,
             wait_timeout,
+            stop,
         } => {
             let opts = ops::OpenOptions {
                 name,
@@ -555,6 +584,7 @@ async fn window_command(
                 wait_timeout,
                 poll: Duration::from_secs(2),
                 own: own_deployment,
+                stop: stop.map(Into::into),
             };
             if dry_run {
                 ops::plan_open(&clusters, &opts, &mut std::io::stdout()).await?;
@@ -565,15 +595,15 @@ async fn window_command(
         WindowCommand::Close {
             name,
             restore_timeout,
+            lead_timeout,
         } => {
-            // Target first: the new management cluster takes over before the old one wakes.
-            let mut ordered = clusters;
-            ordered.reverse();
+            let ordered = ops::plan::close_order(clusters, |c| c.role);
             let opts = ops::CloseOptions {
                 name,
                 restore_timeout,
                 poll: Duration::from_millis(500),
                 settle: Duration::from_secs(3),
+                lead_timeout,
             };
             ops::close(&ordered, &opts, &mut out).await?;
         }

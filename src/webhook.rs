@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use crate::policy::lease_hold;
 use crate::policy::move_window::{
     self, Doubt, OpenWindow, ParentDeployment, PinRequest, PinTarget, PinVerdict, WindowView,
 };
@@ -11,13 +12,16 @@ use crate::policy::rollout::{self, Delivery, Rollout, RuleOutcome};
 use crate::policy::sync_finalizer::{self, DeleteRequest, KcpState, NamespaceState, Verdict};
 use crate::state::{DeploymentLookup, KcpRead, NamespaceLookup, State};
 
-/// The two webhooks, by their paths.
+/// The webhooks, by their paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Webhook {
     /// `POST /validate/sync-finalizer`
     SyncFinalizer,
     /// `POST /mutate/move-window`
     MoveWindow,
+    /// `POST /validate/lease-hold`: part of the move window, served wherever the pin is.
+    #[value(skip)]
+    LeaseHold,
 }
 
 impl Webhook {
@@ -25,12 +29,25 @@ impl Webhook {
         match self {
             Webhook::SyncFinalizer => "sync-finalizer",
             Webhook::MoveWindow => "move-window",
+            Webhook::LeaseHold => "lease-hold",
         }
     }
 
     /// The webhook the registrations in `manifests/` would send this request to.
     pub fn for_request(req: &AdmissionRequest) -> Option<Webhook> {
         match req.operation {
+            Operation::Update | Operation::Delete
+                if req.resource.group == "coordination.k8s.io"
+                    && req.resource.resource == "leases"
+                    && req.old_object.as_ref().is_some_and(|o| {
+                        o.metadata
+                            .labels
+                            .as_ref()
+                            .is_some_and(|l| l.contains_key(lease_hold::HELD_BY_LABEL))
+                    }) =>
+            {
+                Some(Webhook::LeaseHold)
+            }
             Operation::Delete => Some(Webhook::SyncFinalizer),
             Operation::Create | Operation::Update
                 if req.resource.group == "apps"
@@ -48,7 +65,7 @@ impl State {
     pub fn serves(&self, webhook: Webhook) -> bool {
         match webhook {
             Webhook::SyncFinalizer => self.serving.guard,
-            Webhook::MoveWindow => self.serving.pin,
+            Webhook::MoveWindow | Webhook::LeaseHold => self.serving.pin,
         }
     }
 }
@@ -115,6 +132,7 @@ pub async fn decide_by(
     let decided = match webhook {
         Webhook::SyncFinalizer => decide_sync_finalizer(state, req).await,
         Webhook::MoveWindow => decide_move_window(state, req, deadline).await,
+        Webhook::LeaseHold => decide_lease_hold(req),
     };
     deliver(&state.rollout(), webhook, req, decided)
 }
@@ -130,7 +148,7 @@ pub fn deliver(
 ) -> Decision {
     let mode = match webhook {
         Webhook::SyncFinalizer => rollout.sync_finalizer,
-        Webhook::MoveWindow => rollout.move_window,
+        Webhook::MoveWindow | Webhook::LeaseHold => rollout.move_window,
     };
     let outcome = match d.verdict {
         "deny" => RuleOutcome::Deny,
@@ -291,6 +309,29 @@ async fn decide_move_window(
                 detail: warning,
             }
         }
+    }
+}
+
+/// Everything the rule reads is on the stored Lease (`oldObject`): no state, never in doubt.
+fn decide_lease_hold(req: &AdmissionRequest) -> Decision {
+    let is_lease = req.resource.group == "coordination.k8s.io"
+        && req.resource.resource == "leases"
+        && req.sub_resource.as_deref().unwrap_or("").is_empty();
+    if !is_lease {
+        return Decision::allow(req, "not-applicable");
+    }
+    let old = req.old_object.as_ref().map(|o| &o.metadata);
+    let write = lease_hold::LeaseWrite {
+        operation: req.operation,
+        username: &req.user_info.username,
+        namespace: req.namespace.as_deref().unwrap_or(""),
+        name: req.object_name().unwrap_or(""),
+        old_labels: old.and_then(|m| m.labels.as_ref()),
+        old_annotations: old.and_then(|m| m.annotations.as_ref()),
+    };
+    match lease_hold::decide(&write) {
+        lease_hold::LeaseVerdict::Allow(reason) => Decision::allow(req, reason),
+        lease_hold::LeaseVerdict::Deny { reason, message } => Decision::deny(req, reason, message),
     }
 }
 

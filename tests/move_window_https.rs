@@ -21,6 +21,7 @@ fn window(state: WindowState) -> MoveWindow {
             deployment_selector: None,
             reason: Some("test".into()),
             role: None,
+            stop: None,
         },
     )
 }

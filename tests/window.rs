@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use handoff::policy::move_window::OwnDeployment;
 use handoff::resources::move_window::MoveRole;
-use handoff::window::ops::{self, CloseOptions, Cluster, OpenOptions, WindowError};
+use handoff::window::{self as ops, CloseOptions, Cluster, OpenOptions, WindowError};
 use serde_json::{Value, json};
 use support::fake_api::FakeApi;
 
@@ -123,6 +123,7 @@ fn open_opts() -> OpenOptions {
         wait_timeout: Duration::from_secs(10),
         poll: Duration::from_millis(20),
         own: own(),
+        stop: None,
     }
 }
 
@@ -132,6 +133,7 @@ fn close_opts() -> CloseOptions {
         restore_timeout: Duration::from_secs(5),
         poll: Duration::from_millis(20),
         settle: Duration::from_millis(100),
+        lead_timeout: Duration::from_secs(5),
     }
 }
 
@@ -562,7 +564,7 @@ async fn status_shows_windows_deployments_and_saved_counts() {
         .find(|l| l.contains("capi-system/capi-controller-manager"))
         .unwrap();
     let cols: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(&cols[1..4], &["0", "3", "3"], "{line}");
+    assert_eq!(&cols[1..5], &["Scale", "0", "3", "3"], "{line}");
     let json = serde_json::to_value(&views).unwrap();
     assert_eq!(json[0]["deployments"][1]["name"], "capi-controller-manager");
     assert_eq!(json[0]["deployments"][1]["recorded"], 3);

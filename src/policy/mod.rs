@@ -2,6 +2,7 @@
 //! No I/O, no clocks, no caches; the edge (`crate::webhook`) gathers what they read.
 
 pub mod identity;
+pub mod lease_hold;
 pub mod move_window;
 pub mod rollout;
 pub mod selector;

@@ -73,6 +73,9 @@ pub struct PinnedRef {
     pub window: String,
     pub namespace: String,
     pub name: String,
+    /// The window stops it by holding its leader-election Lease: its replicas keep running
+    /// (they serve its webhooks) and its writes are never pinned to 0.
+    pub lease_stopped: bool,
 }
 
 /// Why the pin may not see every open window, and which selectors such a window could have.
@@ -155,6 +158,16 @@ pub fn decide(req: &PinRequest<'_>, view: &WindowView<'_>, own: &OwnDeployment) 
     }
     if req.namespace == own.namespace && req.name == own.name {
         return PinVerdict::Allow("own-deployment");
+    }
+    // Pinning a Lease-stopped controller to 0 would take down the webhooks the Lease strategy
+    // keeps serving. Only while every window is known: in doubt, the refusal below is safer.
+    if view.doubt.is_none()
+        && view
+            .pinned
+            .iter()
+            .any(|p| p.lease_stopped && p.namespace == req.namespace && p.name == req.name)
+    {
+        return PinVerdict::Allow("lease-stopped");
     }
     let what = format!("{}/{}", req.namespace, req.name);
     match req.target {
@@ -675,6 +688,86 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_stopped_deployment_is_never_pinned() {
+        let obj = deployment(Some(2), None, true);
+        let parent = capi_labels();
+        let scale = ObjectView {
+            api_version: Some("autoscaling/v1".into()),
+            kind: Some("Scale".into()),
+            metadata: ObjectMetaView::default(),
+            spec: Some(SpecView { replicas: Some(3) }),
+        };
+        let targets = [
+            PinTarget::Deployment {
+                object: &obj,
+                old_object: None,
+            },
+            PinTarget::Scale {
+                object: &scale,
+                parent: ParentDeployment::Known {
+                    labels: Some(&parent),
+                    annotations: None,
+                    stale: None,
+                },
+            },
+        ];
+        let open = windows();
+        let listed = |lease_stopped: bool, name: &str| PinnedRef {
+            window: "capi-move".into(),
+            namespace: "capi-system".into(),
+            name: name.into(),
+            lease_stopped,
+        };
+        for target in targets {
+            let req = PinRequest {
+                namespace: "capi-system",
+                name: "capi-controller-manager",
+                target,
+            };
+            let by_lease = [listed(true, "capi-controller-manager")];
+            let view = WindowView {
+                open: &open,
+                pinned: &by_lease,
+                doubt: None,
+            };
+            assert_eq!(
+                decide(&req, &view, &own()),
+                PinVerdict::Allow("lease-stopped")
+            );
+            // Listed as pinned by Scale, or another Deployment stopped by Lease: pinned.
+            for pinned in [
+                [listed(false, "capi-controller-manager")],
+                [listed(true, "capi-controller-manager-extra")],
+            ] {
+                let view = WindowView {
+                    open: &open,
+                    pinned: &pinned,
+                    doubt: None,
+                };
+                assert!(
+                    matches!(decide(&req, &view, &own()), PinVerdict::Pin { .. }),
+                    "{pinned:?}"
+                );
+            }
+            // In doubt the refusal stands: nothing is pinned, nothing unchecked starts.
+            let could = [windows().remove(0)];
+            let doubtful = WindowView {
+                open: &[],
+                pinned: &by_lease,
+                doubt: Some(Doubt {
+                    reason: "state-unavailable",
+                    why: "the MoveWindow watch has been failing for 45s",
+                    could_select: &could,
+                }),
+            };
+            assert!(matches!(
+                decide(&req, &doubtful, &own()),
+                PinVerdict::Deny { .. }
+            ));
+        }
+    }
+
+    #[test]
     fn scale_table() {
         let labels = capi_labels();
         let saved: BTreeMap<String, String> =
@@ -808,6 +901,7 @@ mod tests {
             window: window.into(),
             namespace: ns.into(),
             name: name.into(),
+            lease_stopped: false,
         };
         let unread_sel = [default()];
         let stale_sel = [default(), last_known];

@@ -7,8 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::selector::{Selector, SelectorError};
 
-/// While `spec.state` is `Open`, every selected controller Deployment is pinned to zero
-/// replicas and the count it asked for is kept in `handoff.dev/replicas-before-move`.
+/// While `spec.state` is `Open`, every selected controller Deployment is stopped: its
+/// leader-election Lease held by the window (its webhooks keep serving), or, where it holds no
+/// Lease, pinned to zero replicas with the count it asked for kept in
+/// `handoff.dev/replicas-before-move`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "handoff.dev",
@@ -39,6 +41,31 @@ pub struct MoveWindowSpec {
     /// This cluster's role in the move.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<MoveRole>,
+    /// How `handoff window open` stops each selected Deployment: `Auto` (the default) holds
+    /// the leader-election Lease its pods hold or last held and pins the others to 0;
+    /// `Lease` refuses a Deployment without one; `Scale` pins every one to 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopPolicy>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum StopPolicy {
+    #[default]
+    Auto,
+    Lease,
+    Scale,
+}
+
+/// How one Deployment is stopped, as `open` chose it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum Strategy {
+    /// Pinned to 0 replicas, the count kept (also what a record without a strategy means:
+    /// windows opened before the Lease strategy existed).
+    #[default]
+    Scale,
+    /// Its leader-election Lease(s) held by the window: no replica reconciles, every replica
+    /// serves its webhooks.
+    Lease,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
@@ -76,6 +103,10 @@ pub struct MoveWindowStatus {
     /// The last step a `handoff window` command completed, for a re-run to read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_step: Option<String>,
+    /// The user `open` ran as (from a SelfSubjectReview): the only one the held Leases'
+    /// guard lets change or delete them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -83,14 +114,52 @@ pub struct MoveWindowStatus {
 pub struct PinnedDeployment {
     pub namespace: String,
     pub name: String,
-    /// The count it will be restored to.
+    /// `Scale` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
+    /// Scale: the count it will be restored to. Lease: the count it ran at (never changed).
     pub saved_replicas: i32,
+    /// Lease: the leader-election Leases the window holds for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<HeldLease>,
+    /// Lease: when every former leader can no longer be leading (the latest
+    /// `heldSince + formerLeaseDurationSeconds`), once `open` has waited for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_since: Option<String>,
     /// Set once `close` has restored it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_at: Option<String>,
     /// What `close` had to assume, if anything (a missing or unreadable annotation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+}
+
+impl PinnedDeployment {
+    pub fn strategy(&self) -> Strategy {
+        self.strategy.unwrap_or_default()
+    }
+}
+
+/// A leader-election Lease a window holds (`coordination.k8s.io/v1`, in the Deployment's
+/// namespace).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldLease {
+    pub name: String,
+    /// `spec.holderIdentity` before the window took it (`<pod>_<uuid>`).
+    pub former_holder: String,
+    /// Its `spec.leaseDurationSeconds` then: how long a leader that cannot renew may go on
+    /// believing it leads (client-go's bound).
+    pub former_lease_duration_seconds: i32,
+    /// When the window's holder identity was written (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_since: Option<String>,
+    /// When `close` wrote it free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<String>,
+    /// The pod that leads with it again after the release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leads_again: Option<String>,
 }
 
 /// The Cluster API provider controllers (DESIGN §1.2).
@@ -161,6 +230,7 @@ mod tests {
             deployment_selector: None,
             reason: None,
             role: None,
+            stop: None,
         };
         let sel = spec.selector().unwrap();
         let l = |p: &[(&str, &str)]| {

@@ -115,7 +115,7 @@ pub fn router(app: App) -> Router {
     with_stack(webhook_routes(), app)
 }
 
-/// The two webhook endpoints.
+/// The webhook endpoints.
 pub fn webhook_routes() -> Router<App> {
     Router::new()
         .route(
@@ -125,6 +125,10 @@ pub fn webhook_routes() -> Router<App> {
         .route(
             "/mutate/move-window",
             post(|s, d, u, h, b| admit(s, Webhook::MoveWindow, d, u, h, b)),
+        )
+        .route(
+            "/validate/lease-hold",
+            post(|s, d, u, h, b| admit(s, Webhook::LeaseHold, d, u, h, b)),
         )
 }
 
@@ -140,7 +144,7 @@ pub fn with_stack(webhooks: Router<App>, app: App) -> Router {
             (
                 StatusCode::NOT_FOUND,
                 format!(
-                    "no such endpoint {}: handoff serves POST /validate/sync-finalizer, POST /mutate/move-window, GET /healthz, /readyz, /metrics\n",
+                    "no such endpoint {}: handoff serves POST /validate/sync-finalizer, POST /mutate/move-window, POST /validate/lease-hold, GET /healthz, /readyz, /metrics\n",
                     uri.path()
                 ),
             )

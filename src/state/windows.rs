@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 use super::cache::Projected;
 
 use crate::policy::move_window::{OpenWindow, PinnedRef, SAVED_REPLICAS_ANNOTATION};
-use crate::resources::move_window::MoveWindow;
+use crate::resources::move_window::{MoveWindow, Strategy};
 
 /// What the cache keeps of one MoveWindow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +52,7 @@ fn compile(w: &MoveWindow) -> Entry {
                     window: name.clone(),
                     namespace: p.namespace.clone(),
                     name: p.name.clone(),
+                    lease_stopped: p.strategy() == Strategy::Lease,
                 })
                 .collect()
         })
@@ -242,6 +243,7 @@ mod tests {
                 deployment_selector: None,
                 reason: None,
                 role: None,
+                stop: None,
             },
         )
     }

@@ -1,3 +1,21 @@
-//! The `handoff window` commands.
+//! The `handoff window` commands: open, close and inspect move windows on one cluster or on
+//! both clusters of a move.
+//!
+//! Every step reads what the cluster already holds before it writes, and records what it did
+//! in the window's status, so a command that died midway is finished by running it again.
+//! `plan` decides (which strategy, which count, what a Lease take-over writes, which order);
+//! the command modules read, ask it, and write.
 
-pub mod ops;
+mod close;
+mod common;
+mod lease;
+mod open;
+pub mod plan;
+mod preflight;
+mod status;
+
+pub use close::{CloseOptions, Restored, close};
+pub use common::{Cluster, WindowError};
+pub use open::{OpenOptions, open, plan_open};
+pub use preflight::{Finding, preflight};
+pub use status::{DeploymentView, LeaseView, WindowView, render_table, status};

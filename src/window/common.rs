@@ -1,0 +1,171 @@
+//! What every `handoff window` command shares: the clusters, the errors, reading the selected
+//! Deployments and recording progress in the window's status.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::{Timestamp, Unit};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use super::preflight::Finding;
+use crate::policy::move_window::OwnDeployment;
+use crate::policy::selector::Selector;
+use crate::resources::move_window::{MoveRole, MoveWindow, MoveWindowStatus, PinnedDeployment};
+
+/// One cluster a command acts on.
+#[derive(Clone)]
+pub struct Cluster {
+    /// `cluster`, `source` or `target`, for messages.
+    pub label: String,
+    pub client: kube::Client,
+    pub role: Option<MoveRole>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WindowError {
+    #[error("{cluster}: {action}: {source}")]
+    Api {
+        cluster: String,
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "preflight: these Deployments hold no leader-election Lease, so they would be pinned to 0 replicas, and that stops webhooks that fail closed: API requests they serve will be rejected until the window closes:\n{}\nre-run with --allow-webhook-outage to open the window anyway",
+        .0.iter().map(|f| format!("  {f}")).collect::<Vec<_>>().join("\n")
+    )]
+    Preflight(Vec<Finding>),
+    #[error("{cluster}: {message}")]
+    Refused { cluster: String, message: String },
+    #[error(
+        "{cluster}: timed out after {after:?} {what}; the window stays as it is: run the same command again to resume"
+    )]
+    Timeout {
+        cluster: String,
+        after: Duration,
+        what: String,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, WindowError>;
+
+pub fn api_err(c: &Cluster, action: impl Into<String>) -> impl FnOnce(kube::Error) -> WindowError {
+    let cluster = c.label.clone();
+    let action = action.into();
+    move |source| WindowError::Api {
+        cluster,
+        action,
+        source,
+    }
+}
+
+pub fn now() -> String {
+    Timestamp::now()
+        .round(Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| Timestamp::now().to_string())
+}
+
+pub fn dep_key(d: &Deployment) -> (String, String) {
+    (
+        d.metadata.namespace.clone().unwrap_or_default(),
+        d.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+pub async fn selected_deployments(
+    c: &Cluster,
+    selector: &Selector,
+    own: &OwnDeployment,
+) -> Result<Vec<Deployment>> {
+    let api: Api<Deployment> = Api::all(c.client.clone());
+    let list = api
+        .list(&ListParams::default().labels(&selector.to_string()))
+        .await
+        .map_err(api_err(c, "listing Deployments"))?;
+    let mut items: Vec<Deployment> = list
+        .items
+        .into_iter()
+        // The API server filtered already; filtering again guards against a server that
+        // ignored the selector, since pinning the wrong controller is not undoable.
+        .filter(|d| selector.matches(d.metadata.labels.as_ref()))
+        .filter(|d| {
+            let (ns, name) = dep_key(d);
+            !(ns == own.namespace && name == own.name)
+        })
+        .collect();
+    items.sort_by_key(dep_key);
+    Ok(items)
+}
+
+/// Read the window, change its status with `f`, write the status back.
+pub async fn record(
+    c: &Cluster,
+    name: &str,
+    f: impl Fn(&mut MoveWindowStatus),
+) -> Result<MoveWindowStatus> {
+    let api: Api<MoveWindow> = Api::all(c.client.clone());
+    // Read-modify-write guarded by resourceVersion: a concurrent run of another command makes
+    // this one read again instead of overwriting what the other recorded.
+    for _attempt in 0..5 {
+        let w = api
+            .get(name)
+            .await
+            .map_err(api_err(c, format!("reading MoveWindow {name}")))?;
+        let mut status = w.status.unwrap_or_default();
+        f(&mut status);
+        status.pinned_count = status.pinned.len() as i32;
+        let mut body = serde_json::to_value(&status).expect("status serializes");
+        // A merge patch leaves out what it does not mention: clear unset fields explicitly.
+        for field in [
+            "phase",
+            "openedAt",
+            "podsGoneAt",
+            "closedAt",
+            "lastStep",
+            "operator",
+        ] {
+            body.as_object_mut()
+                .expect("status is an object")
+                .entry(field)
+                .or_insert(serde_json::Value::Null);
+        }
+        body["pinned"] = serde_json::to_value(&status.pinned).expect("pinned serializes");
+        let patch = json!({
+            "metadata": {"resourceVersion": w.metadata.resource_version},
+            "status": body
+        });
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => return Ok(status),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => {
+                return Err(api_err(c, format!("recording status of MoveWindow {name}"))(e));
+            }
+        }
+    }
+    Err(WindowError::Refused {
+        cluster: c.label.clone(),
+        message: format!("MoveWindow {name} kept changing under us; run the command again"),
+    })
+}
+
+pub fn upsert_pinned(status: &mut MoveWindowStatus, entry: PinnedDeployment) {
+    match status
+        .pinned
+        .iter_mut()
+        .find(|p| p.namespace == entry.namespace && p.name == entry.name)
+    {
+        Some(p) => *p = entry,
+        None => {
+            status.pinned.push(entry);
+            status
+                .pinned
+                .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The Lease strategy's reads and writes: find a Deployment's Leases, take them, prove the
+//! former leaders stopped, release them and wait for a pod to lead again. What to write comes
+//! from `plan`.
+
+use std::io::Write;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+
+use super::common::{Cluster, Result, WindowError, api_err};
+use super::plan::{self, LeaseSeen, TakePlan};
+use crate::resources::move_window::HeldLease;
+
+/// Every Lease in `ns`, as the plan reads them.
+pub async fn leases_in(c: &Cluster, ns: &str) -> Result<Vec<LeaseSeen>> {
+    let list = Api::<Lease>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err(c, format!("listing Leases in {ns}")))?;
+    Ok(list.items.iter().map(LeaseSeen::from_lease).collect())
+}
+
+async fn read(c: &Cluster, ns: &str, name: &str) -> Result<Option<LeaseSeen>> {
+    Ok(Api::<Lease>::namespaced(c.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(api_err(c, format!("reading Lease {ns}/{name}")))?
+        .as_ref()
+        .map(LeaseSeen::from_lease))
+}
+
+/// Who this client is, as the API server authenticates it: the window's operator, the only
+/// user the held Leases' guard lets write them.
+pub async fn whoami(c: &Cluster) -> Result<String> {
+    let review: SelfSubjectReview = serde_json::from_value(serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "SelfSubjectReview",
+        "metadata": {},
+    }))
+    .expect("a SelfSubjectReview");
+    let answer = Api::<SelfSubjectReview>::all(c.client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(api_err(
+            c,
+            "asking who we are (SelfSubjectReview, authentication.k8s.io/v1, Kubernetes 1.28+)",
+        ))?;
+    answer
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| WindowError::Refused {
+            cluster: c.label.clone(),
+            message: "the API server's SelfSubjectReview names no user, so a held Lease could name no operator".into(),
+        })
+}
+
+/// Take one Lease for `window`; returns what the window records of it. A write that loses to
+/// a candidate acquiring at the same moment (409) reads again and takes it from the new
+/// holder.
+pub async fn take(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    window: &str,
+    operator: &str,
+    out: &mut dyn Write,
+) -> Result<HeldLease> {
+    let api = Api::<Lease>::namespaced(c.client.clone(), ns);
+    for _attempt in 0..5 {
+        let Some(l) = read(c, ns, name).await? else {
+            return Err(WindowError::Refused {
+                cluster: c.label.clone(),
+                message: format!(
+                    "Lease {ns}/{name} is gone since the window chose it; run the command again to choose anew"
+                ),
+            });
+        };
+        let now = Timestamp::now();
+        match plan::take_plan(&l, window, operator, now) {
+            TakePlan::AlreadyHeld {
+                former_holder,
+                former_duration,
+            } => {
+                let _ = writeln!(out, "{}: Lease {ns}/{name} already held", c.label);
+                return Ok(HeldLease {
+                    name: name.into(),
+                    former_holder,
+                    former_lease_duration_seconds: former_duration,
+                    ..HeldLease::default()
+                });
+            }
+            TakePlan::Refuse(message) => {
+                return Err(WindowError::Refused {
+                    cluster: c.label.clone(),
+                    message,
+                });
+            }
+            TakePlan::Take {
+                patch,
+                former_holder,
+                former_duration,
+            } => match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(_) => {
+                    // The clock after the write: the take-over happened no later than this.
+                    let held = ceil_second(Timestamp::now());
+                    let _ = writeln!(
+                        out,
+                        "{}: took Lease {ns}/{name} from {} (its leader may lead for up to {former_duration}s more)",
+                        c.label,
+                        if former_holder.is_empty() {
+                            "nobody"
+                        } else {
+                            &former_holder
+                        }
+                    );
+                    return Ok(HeldLease {
+                        name: name.into(),
+                        former_holder,
+                        former_lease_duration_seconds: former_duration,
+                        held_since: Some(held.to_string()),
+                        ..HeldLease::default()
+                    });
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => return Err(api_err(c, format!("taking Lease {ns}/{name}"))(e)),
+            },
+        }
+    }
+    Err(WindowError::Refused {
+        cluster: c.label.clone(),
+        message: format!("Lease {ns}/{name} kept changing under us; run the command again"),
+    })
+}
+
+/// Release one Lease if `window` holds it. `false` when it does not (released already, or
+/// taken by a candidate since).
+pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<bool> {
+    let api = Api::<Lease>::namespaced(c.client.clone(), ns);
+    for _attempt in 0..5 {
+        let Some(l) = read(c, ns, name).await? else {
+            return Ok(false);
+        };
+        if l.window() != Some(window) {
+            return Ok(false);
+        }
+        let patch = plan::release_patch(&l, Timestamp::now());
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(api_err(c, format!("releasing Lease {ns}/{name}"))(e)),
+        }
+    }
+    Err(WindowError::Refused {
+        cluster: c.label.clone(),
+        message: format!("Lease {ns}/{name} kept changing under us; run the command again"),
+    })
+}
+
+/// The pod of `deployment` that leads with the Lease now.
+pub async fn leader(c: &Cluster, ns: &str, name: &str, deployment: &str) -> Result<Option<String>> {
+    Ok(read(c, ns, name)
+        .await?
+        .and_then(|l| plan::leader_of(&l, deployment).map(str::to_string)))
+}
+
+/// Whether `window` still holds it (for `status`).
+pub async fn held_by(c: &Cluster, ns: &str, name: &str) -> Result<Option<String>> {
+    Ok(read(c, ns, name)
+        .await?
+        .and_then(|l| l.window().map(str::to_string)))
+}
+
+/// Wait until `until`, saying once a while what is left.
+pub async fn sleep_until(until: Timestamp, what: &str, out: &mut dyn Write) {
+    let mut said = None;
+    loop {
+        let left = until.duration_since(Timestamp::now());
+        if left.is_negative() || left.is_zero() {
+            return;
+        }
+        let secs = left.as_secs() + 1;
+        // Every 10 s, and the first time.
+        if said.is_none_or(|s: i64| s - secs >= 10) {
+            let _ = writeln!(out, "waiting {secs}s more until {what}");
+            said = Some(secs);
+        }
+        tokio::time::sleep(Duration::from_millis(500).min(left.unsigned_abs())).await;
+    }
+}
+
+/// Rounded up: a proof of stop computed from it errs late, never early.
+fn ceil_second(t: Timestamp) -> Timestamp {
+    let whole = Timestamp::from_second(t.as_second()).unwrap_or(t);
+    match whole < t {
+        true => Timestamp::from_second(t.as_second() + 1).unwrap_or(t),
+        false => whole,
+    }
+}

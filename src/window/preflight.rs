@@ -1,0 +1,157 @@
+//! The preflight: which selected Deployments back a webhook or a CRD conversion that fails
+//! closed. Stopped by Lease, such a Deployment keeps serving; pinned to 0, it does not.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::ListParams;
+use serde::Serialize;
+
+use super::common::{Cluster, Result, api_err, dep_key, selected_deployments};
+use crate::policy::move_window::OwnDeployment;
+use crate::policy::selector::Selector;
+
+/// A Deployment whose pods back a webhook that fails closed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub cluster: String,
+    pub deployment: String,
+    pub service: String,
+    pub hook: String,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: Deployment {} backs Service {}, used by {}",
+            self.cluster, self.deployment, self.service, self.hook
+        )
+    }
+}
+
+/// Every selected Deployment whose pods back a webhook or conversion Service that fails closed.
+pub async fn preflight(
+    c: &Cluster,
+    selector: &Selector,
+    own: &OwnDeployment,
+) -> Result<Vec<Finding>> {
+    let deployments = selected_deployments(c, selector, own).await?;
+    if deployments.is_empty() {
+        return Ok(vec![]);
+    }
+    // (namespace, service) → the hooks that call it and fail closed.
+    let mut hooks: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    // Both kinds of webhook configuration, flattened to (configuration, webhook, policy,
+    // service) so one loop judges them.
+    let mut webhooks = Vec::new();
+    let vwc: Api<ValidatingWebhookConfiguration> = Api::all(c.client.clone());
+    for cfg in vwc
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err(c, "listing ValidatingWebhookConfigurations"))?
+    {
+        let cfg_name = cfg.metadata.name.clone().unwrap_or_default();
+        for w in cfg.webhooks.into_iter().flatten() {
+            let kind = format!("ValidatingWebhookConfiguration {cfg_name}");
+            webhooks.push((kind, w.name, w.failure_policy, w.client_config.service));
+        }
+    }
+    let mwc: Api<MutatingWebhookConfiguration> = Api::all(c.client.clone());
+    for cfg in mwc
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err(c, "listing MutatingWebhookConfigurations"))?
+    {
+        let cfg_name = cfg.metadata.name.clone().unwrap_or_default();
+        for w in cfg.webhooks.into_iter().flatten() {
+            let kind = format!("MutatingWebhookConfiguration {cfg_name}");
+            webhooks.push((kind, w.name, w.failure_policy, w.client_config.service));
+        }
+    }
+    for (cfg, name, policy, service) in webhooks {
+        // admissionregistration/v1 defaults failurePolicy to Fail.
+        if policy.as_deref().unwrap_or("Fail") != "Fail" {
+            continue;
+        }
+        if let Some(s) = service {
+            hooks
+                .entry((s.namespace, s.name))
+                .or_default()
+                .push(format!("{cfg} webhook {name} (failurePolicy Fail)"));
+        }
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    for crd in crds
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err(c, "listing CustomResourceDefinitions"))?
+    {
+        let Some(conv) = crd.spec.conversion.as_ref() else {
+            continue;
+        };
+        if conv.strategy != "Webhook" {
+            continue;
+        }
+        if let Some(s) = conv
+            .webhook
+            .as_ref()
+            .and_then(|w| w.client_config.as_ref())
+            .and_then(|cc| cc.service.as_ref())
+        {
+            hooks
+                .entry((s.namespace.clone(), s.name.clone()))
+                .or_default()
+                .push(format!(
+                    "CustomResourceDefinition {} conversion webhook (conversion always fails closed)",
+                    crd.metadata.name.clone().unwrap_or_default()
+                ));
+        }
+    }
+    let mut findings = Vec::new();
+    let namespaces: BTreeSet<String> = deployments.iter().map(|d| dep_key(d).0).collect();
+    for ns in namespaces {
+        let services: Api<Service> = Api::namespaced(c.client.clone(), &ns);
+        let services = services
+            .list(&ListParams::default())
+            .await
+            .map_err(api_err(c, format!("listing Services in {ns}")))?;
+        for svc in services {
+            let svc_name = svc.metadata.name.clone().unwrap_or_default();
+            let Some(callers) = hooks.get(&(ns.clone(), svc_name.clone())) else {
+                continue;
+            };
+            let Some(sel) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
+                continue;
+            };
+            if sel.is_empty() {
+                continue;
+            }
+            for d in deployments.iter().filter(|d| dep_key(d).0 == ns) {
+                let pod_labels = d
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.template.metadata.as_ref())
+                    .and_then(|m| m.labels.as_ref());
+                let backs =
+                    pod_labels.is_some_and(|l| sel.iter().all(|(k, v)| l.get(k) == Some(v)));
+                if backs {
+                    for hook in callers {
+                        findings.push(Finding {
+                            cluster: c.label.clone(),
+                            deployment: format!("{ns}/{}", dep_key(d).1),
+                            service: format!("{ns}/{svc_name}"),
+                            hook: hook.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(findings)
+}
