@@ -358,6 +358,7 @@ impl<'a> From<&'a MutatingWebhook> for Common<'a> {
 fn path_of(webhook: &str) -> &'static str {
     match webhook {
         "sync-finalizer.handoff.dev" => "/validate/sync-finalizer",
+        "lease-hold.handoff.dev" => "/validate/lease-hold",
         "move-window.handoff.dev" | "move-window-scale.handoff.dev" => "/mutate/move-window",
         other => panic!("unexpected webhook {other}"),
     }
@@ -405,6 +406,7 @@ fn check_webhooks(r: &Rendered, endpoint: &Endpoint) {
         names,
         [
             "sync-finalizer.handoff.dev",
+            "lease-hold.handoff.dev",
             "move-window.handoff.dev",
             "move-window-scale.handoff.dev"
         ]
@@ -520,6 +522,37 @@ fn check_webhooks(r: &Rendered, endpoint: &Endpoint) {
         "request.userInfo.username.startsWith('system:serviceaccount:') && \
          size(request.userInfo.username.split(':')) == 4 && \
          request.userInfo.username.split(':')[3].startsWith('kcp-syncer-')"
+    );
+
+    // The held-Lease guard: UPDATE and DELETE of Leases, and only of those a window holds.
+    let hold = &r.validating[0].webhooks.as_ref().unwrap()[1];
+    assert_eq!(hold.failure_policy.as_deref(), Some("Fail"));
+    let rules = hold.rules.as_deref().unwrap_or_default();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].operations, Some(s(&["UPDATE", "DELETE"])));
+    assert_eq!(rules[0].api_groups, Some(s(&["coordination.k8s.io"])));
+    assert_eq!(rules[0].resources, Some(s(&["leases"])));
+    let held = hold
+        .object_selector
+        .as_ref()
+        .and_then(|o| o.match_expressions.as_deref())
+        .unwrap_or_default();
+    assert!(
+        held.iter()
+            .any(|e| e.key == handoff::policy::lease_hold::HELD_BY_LABEL && e.operator == "Exists"),
+        "the held-Lease entry must select held Leases only: {held:?}"
+    );
+    let excluded = hold
+        .namespace_selector
+        .as_ref()
+        .and_then(|n| n.match_expressions.as_deref())
+        .unwrap_or_default();
+    assert!(
+        excluded
+            .iter()
+            .any(|e| e.operator == "NotIn"
+                && e.values.iter().flatten().any(|v| v == "kube-node-lease")),
+        "never in the path of node heartbeats: {excluded:?}"
     );
 
     // The pin: Deployments (labelled provider controllers) and their scale subresource.
@@ -716,6 +749,7 @@ fn check_in_cluster(r: &Rendered) {
             "mutatingadmissionpolicybindings",
             "delete",
         ),
+        ("authentication.k8s.io", "selfsubjectreviews", "create"),
     ] {
         assert!(
             rules_of(operator)
@@ -726,6 +760,22 @@ fn check_in_cluster(r: &Rendered) {
             "handoff-window-operator cannot {verb} {resource}"
         );
     }
+    // Lease writes are a role of their own, for RoleBindings in the providers' namespaces:
+    // the cluster-wide operator role writes no Lease anywhere.
+    assert!(
+        !rules_of(operator)
+            .iter()
+            .any(|(_, res, _)| res.iter().any(|x| x == "leases")),
+        "handoff-window-operator must not write Leases cluster-wide"
+    );
+    assert_eq!(
+        rules_of(role("handoff-window-operator-leases")),
+        [(
+            strings(&["coordination.k8s.io"]),
+            strings(&["leases"]),
+            strings(&["get", "list", "patch"])
+        )]
+    );
     assert_eq!(
         r.cluster_role_bindings.len(),
         2,
@@ -1066,6 +1116,7 @@ fn base_renders_typed_objects_that_keep_every_field() {
     assert_eq!(
         kinds,
         [
+            "ClusterRole",
             "ClusterRole",
             "ClusterRole",
             "ClusterRole",
@@ -1436,7 +1487,12 @@ fn kcp_overlay_gives_the_guard_the_kcp_kubeconfig_and_the_mirror_exactly_patch_o
             .find(|c| name(&c.metadata) == n)
             .map(rules_of)
     };
-    for n in ["handoff-guard", "handoff-pin", "handoff-window-operator"] {
+    for n in [
+        "handoff-guard",
+        "handoff-pin",
+        "handoff-window-operator",
+        "handoff-window-operator-leases",
+    ] {
         assert_eq!(role(r, n), role(&base, n), "{n}");
     }
     assert_eq!(

@@ -152,6 +152,8 @@ pub fn objects(
         out.push(params_object(&inst.params, &dir.data));
         out.push(guard_policy(&inst.ids, &inst.rollout));
         out.push(guard_binding(&inst.params, inst.rollout.sync_finalizer));
+        out.push(lease_hold_policy(&inst.rollout));
+        out.push(lease_hold_binding(inst.rollout.move_window));
     }
     if served.mutating && served.move_windows {
         out.push(pin_policy(&inst.own, &inst.rollout));
@@ -167,7 +169,7 @@ pub fn objects(
 pub fn gaps(served: Served) -> Vec<String> {
     let mut out = Vec::new();
     if !served.validating {
-        out.push(format!("this API server does not serve ValidatingAdmissionPolicy ({GROUP_VERSION}, Kubernetes 1.30+): the sync-finalizer guard stays on the webhook alone"));
+        out.push(format!("this API server does not serve ValidatingAdmissionPolicy ({GROUP_VERSION}, Kubernetes 1.30+): the sync-finalizer guard and the held-Lease guard stay on the webhook alone"));
     }
     if !served.mutating {
         out.push(format!("this API server does not serve MutatingAdmissionPolicy ({GROUP_VERSION}, Kubernetes 1.36+): the move-window pin stays on the webhook alone"));
@@ -306,7 +308,9 @@ pub async fn uninstall(
                 .collect();
             // And the fixed names, in case a label was edited away.
             let fixed: &[&str] = match kind {
-                "ValidatingAdmissionPolicyBinding" | "ValidatingAdmissionPolicy" => &[GUARD_POLICY],
+                "ValidatingAdmissionPolicyBinding" | "ValidatingAdmissionPolicy" => {
+                    &[GUARD_POLICY, LEASE_HOLD_POLICY]
+                }
                 "MutatingAdmissionPolicy" => &[PIN_POLICY, PIN_SCALE_POLICY],
                 _ => &[],
             };

@@ -30,6 +30,7 @@ use crate::policy::rollout::{Exemption, Mode, Rollout};
 pub const GUARD_POLICY: &str = "handoff-sync-finalizer";
 pub const PIN_POLICY: &str = "handoff-move-window-pin";
 pub const PIN_SCALE_POLICY: &str = "handoff-move-window-pin-scale";
+pub const LEASE_HOLD_POLICY: &str = "handoff-lease-hold";
 /// Every object `handoff policy` and `handoff window` create carry it, so that `uninstall`
 /// finds them all, window bindings included.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "handoff");
@@ -606,6 +607,11 @@ pub fn pin_policy(own: &OwnDeployment, rollout: &Rollout) -> Value {
     // A binding's objectSelector matches when the old *or* the new object matches; the webhook
     // pins only what the window selects now, so an update that takes a Deployment out of the
     // selector passes unpinned.
+    // A Lease-stopped controller keeps its replicas (they serve its webhooks).
+    conditions.push(json!({
+        "name": "not-lease-stopped",
+        "expression": "!params.?status.?pinned.orValue([]).exists(p, p.namespace == request.namespace && p.name == request.name && p.?strategy.orValue('Scale') == 'Lease' && !has(p.restoredAt))",
+    }));
     conditions.push(json!({
         "name": "selected-by-window",
         "expression": format!(
@@ -665,7 +671,7 @@ pub fn pin_scale_policy(own: &OwnDeployment, rollout: &Rollout) -> Value {
     let mut conditions = vec![own_condition(own), window_open_condition()];
     conditions.push(json!({
         "name": "pinned-by-window",
-        "expression": "params.?status.?pinned.orValue([]).exists(p, p.namespace == request.namespace && p.name == request.name && !has(p.restoredAt))",
+        "expression": "params.?status.?pinned.orValue([]).exists(p, p.namespace == request.namespace && p.name == request.name && !has(p.restoredAt) && p.?strategy.orValue('Scale') != 'Lease')",
     }));
     conditions.extend(exemption_conditions(rollout));
     mutating_policy(
@@ -763,6 +769,61 @@ pub fn window_bindings(window: &str, uid: Option<&str>, selector: &LabelSelector
             }
         }),
     ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The held-Lease guard.
+
+/// The held-Lease guard (`policy::lease_hold`) in CEL: everything it reads is on the stored
+/// Lease, so it needs no parameter. Only Leases a window holds match (`objectSelector`; for
+/// UPDATE the API server also matches the old object, for DELETE the object deleted).
+pub fn lease_hold_policy(rollout: &Rollout) -> Value {
+    use crate::policy::lease_hold::{HELD_BY_LABEL, OPERATOR_ANNOTATION};
+    let held = cel_str(HELD_BY_LABEL);
+    let op = cel_str(OPERATOR_ANNOTATION);
+    let mut conditions = vec![json!({
+        "name": "held-by-a-window",
+        "expression": format!("oldObject != null && {held} in oldObject.metadata.?labels.orValue({{}})"),
+    })];
+    conditions.extend(exemption_conditions(rollout));
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": LEASE_HOLD_POLICY, "labels": labels()},
+        "spec": {
+            // Fail: only held Leases match, and the expressions cannot fail (every read is
+            // guarded); Ignore would let a controller take its Lease back on a policy error.
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kube-node-lease", "handoff-system"]}]},
+                "objectSelector": {"matchExpressions": [{"key": HELD_BY_LABEL, "operator": "Exists"}]},
+                "resourceRules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"], "operations": ["UPDATE", "DELETE"], "resources": ["leases"]}],
+            },
+            "matchConditions": conditions,
+            "variables": [
+                var("window", format!("oldObject.metadata.labels[{held}]")),
+                var("operator", format!("oldObject.metadata.?annotations[?{op}].orValue('')")),
+                var("verb", "request.operation == 'DELETE' ? 'delete' : 'change'".into()),
+            ],
+            "validations": [{
+                "expression": "variables.operator != '' && request.userInfo.username == variables.operator",
+                "messageExpression": "'Lease ' + request.namespace + '/' + request.name + ' is held by MoveWindow \"' + variables.window + '\", which keeps the controller that leader-elects with it stopped while its webhooks serve during a cluster move; ' + (variables.operator != '' ? 'only its operator \"' + variables.operator + '\" may ' + variables.verb + ' it' : 'the hold names no operator, so nobody may ' + variables.verb + ' it through handoff') + '. Release it with `handoff window close ' + variables.window + '` as ' + (variables.operator != '' ? variables.operator : 'the window\'s operator')",
+                "reason": "Forbidden",
+            }],
+        }
+    })
+}
+
+pub fn lease_hold_binding(mode: Mode) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": LEASE_HOLD_POLICY, "labels": labels()},
+        "spec": {
+            "policyName": LEASE_HOLD_POLICY,
+            "validationActions": validation_actions(mode),
+        }
+    })
 }
 
 /// `handoff-pin-<window>[-scale]`: a MoveWindow's name is a DNS subdomain, and so is this

@@ -193,6 +193,8 @@ fn install_writes_only_what_the_cluster_serves_and_says_what_stays_on_the_webhoo
             "ConfigMap",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "MutatingAdmissionPolicy",
             "MutatingAdmissionPolicy",
             "MutatingAdmissionPolicyBinding",
@@ -205,7 +207,7 @@ fn install_writes_only_what_the_cluster_serves_and_says_what_stays_on_the_webhoo
         mutating: false,
         ..all
     };
-    assert_eq!(kinds(before_136).len(), 3);
+    assert_eq!(kinds(before_136).len(), 5);
     assert!(gaps(before_136)[0].contains("the move-window pin stays on the webhook alone"));
     let none = Served {
         validating: false,
