@@ -220,7 +220,7 @@ fn install_writes_only_what_the_cluster_serves_and_says_what_stays_on_the_webhoo
         move_windows: false,
         ..all
     };
-    assert_eq!(kinds(no_crd).len(), 3);
+    assert_eq!(kinds(no_crd).len(), 5);
     assert!(gaps(no_crd)[0].contains("MoveWindow CRD is not installed"));
 }
 

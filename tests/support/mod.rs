@@ -2,3 +2,5 @@ pub mod apiserver;
 pub mod fake_api;
 pub mod https;
 pub mod kcp;
+pub mod netns;
+pub mod providers;
