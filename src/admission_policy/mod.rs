@@ -807,7 +807,7 @@ pub fn lease_hold_policy(rollout: &Rollout) -> Value {
             ],
             "validations": [{
                 "expression": "variables.operator != '' && request.userInfo.username == variables.operator",
-                "messageExpression": "'Lease ' + request.namespace + '/' + request.name + ' is held by MoveWindow \"' + variables.window + '\", which keeps the controller that leader-elects with it stopped while its webhooks serve during a cluster move; ' + (variables.operator != '' ? 'only its operator \"' + variables.operator + '\" may ' + variables.verb + ' it' : 'the hold names no operator, so nobody may ' + variables.verb + ' it through handoff') + '. Release it with `handoff window close ' + variables.window + '` as ' + (variables.operator != '' ? variables.operator : 'the window\'s operator')",
+                "messageExpression": "'Lease ' + request.namespace + '/' + request.name + ' is held by MoveWindow \"' + variables.window + '\", which keeps the controller that leader-elects with it stopped while its webhooks serve during a cluster move; ' + (variables.operator != '' ? 'only its operator \"' + variables.operator + '\" may ' + variables.verb + ' it' : 'the hold names no operator, so nobody may ' + variables.verb + ' it through handoff') + '. Release it with `handoff window close ' + variables.window + '` as ' + (variables.operator != '' ? variables.operator : 'the window operator')",
                 "reason": "Forbidden",
             }],
         }

@@ -82,10 +82,10 @@ pub fn decide(w: &LeaseWrite<'_>) -> LeaseVerdict {
     LeaseVerdict::Deny {
         reason: "lease-held",
         message: format!(
-            "Lease {}/{} is held by MoveWindow {window:?}, which keeps the controller that leader-elects with it stopped while its webhooks serve during a cluster move; {who}. Release it with `handoff window close {window}` (or `handoff move --abort`) as {}",
+            "Lease {}/{} is held by MoveWindow {window:?}, which keeps the controller that leader-elects with it stopped while its webhooks serve during a cluster move; {who}. Release it with `handoff window close {window}` as {}",
             w.namespace,
             w.name,
-            operator.unwrap_or("the window's operator"),
+            operator.unwrap_or("the window operator"),
         ),
     }
 }

@@ -1,0 +1,585 @@
+//! The Lease strategy of a move window, driven as a user drives it, against two real
+//! kube-apiservers (the source and the target of a move) and Cluster API provider stand-ins that
+//! elect their leader with client-go's leaderelection and serve fail-closed webhooks through
+//! their Services, in a network namespace of the test's own.
+//!
+//! Proves: while the window is open no provider reconciles, a create through its fail-closed
+//! webhook succeeds and its Deployment is not scaled; a provider without leader election is
+//! pinned to 0 and restored; the held Lease refuses everyone but the window's operator, by the
+//! webhook and by the in-API-server policy; after close each provider leads again, the
+//! target's first.
+
+mod support;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::apiserver::{ADMIN, ApiServer, HANDOFF_USER, Handoff, NOBODY, skip, text};
+use support::providers::{
+    LeaseTiming, Provider, ProviderSpec, cluster, holder_pod, install_capi_crds, webhook_rule,
+};
+
+const WAIT: Duration = Duration::from_secs(90);
+const WINDOW: &str = "capi-move";
+const HELD_BY: &str = "handoff.dev/held-by-window";
+const OPERATOR: &str = "handoff.dev/window-operator";
+const WEBHOOK: &str = "validation.cluster.cluster.x-k8s.io";
+/// A cluster admin who is not the window's operator.
+const BOB: &str = "bob";
+/// What the provider's own replicas authenticate as.
+const PROVIDER_SA: &str = "system:serviceaccount:capi-system:capi-manager";
+
+/// One management cluster: an API server, handoff serving both webhooks and registered with
+/// the project's local overlay, Cluster API core (Lease) and CAPD (no leader election).
+struct Mgmt {
+    api: ApiServer,
+    _handoff: Handoff,
+    capi: Provider,
+    capd: Option<Provider>,
+}
+
+fn management_cluster(label: &str, capi_ip: [u8; 4], with_capd: bool) -> Mgmt {
+    let api = ApiServer::start();
+    grant(&api);
+    let mut handoff = Handoff::start(&api, HANDOFF_USER, &[]);
+    handoff.register(&api);
+    handoff.wait_ready();
+    install_capi_crds(&api);
+    let capi = Provider::start(
+        &api,
+        ProviderSpec::capi_core()
+            .replicas(2)
+            .lease(LeaseTiming::FAST)
+            .webhook_service("capi-webhook-service", capi_ip.into()),
+    );
+    let capd = with_capd.then(|| {
+        Provider::start(
+            &api,
+            ProviderSpec::new(
+                "capd-system",
+                "capd-controller-manager",
+                "infrastructure-docker",
+            )
+            .leader_election(None),
+        )
+    });
+    capi.register_webhook(
+        &api,
+        WEBHOOK,
+        &[webhook_rule(
+            "cluster.x-k8s.io",
+            "v1beta2",
+            "clusters",
+            &["CREATE", "UPDATE"],
+        )],
+    );
+    api.ok(ADMIN, &["create", "namespace", "clusters"]);
+    capi.until_webhook_called(&api, WAIT, |i| {
+        let out = create_cluster(&api, &format!("{label}-probe-{i}"));
+        assert!(out.status.success(), "{label}: {}", text(&out.stderr));
+    });
+    capi.wait_leader(&api, WAIT);
+    Mgmt {
+        api,
+        _handoff: handoff,
+        capi,
+        capd,
+    }
+}
+
+/// handoff's own RBAC from the base manifests; the operator (`nobody`) gets exactly what the
+/// README tells an admin to bind: `handoff-window-operator` cluster-wide and
+/// `handoff-window-operator-leases` in the providers' namespaces; bob and the provider's
+/// ServiceAccount are cluster admins, so that only admission can refuse them.
+fn grant(api: &ApiServer) {
+    let rbac = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base/rbac.yaml"),
+    )
+    .expect("rbac.yaml");
+    api.ok(ADMIN, &["create", "namespace", "handoff-system"]);
+    let out = api.kubectl_stdin(
+        ADMIN,
+        &["apply", "-n", "handoff-system", "-f", "-"],
+        Some(&rbac),
+    );
+    assert!(out.status.success(), "rbac: {}", text(&out.stderr));
+    let bind = |name: &str, role: &str, user: &str| {
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: {name}\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: {role}\nsubjects:\n- kind: User\n  name: {user}\n"
+        )
+    };
+    for role in ["handoff-guard", "handoff-pin"] {
+        api.apply(&bind(&format!("test-{role}"), role, HANDOFF_USER));
+    }
+    api.apply(&bind("move-operator", "handoff-window-operator", NOBODY));
+    api.apply(&bind("bob", "cluster-admin", BOB));
+    api.apply(&bind("capi-manager", "cluster-admin", PROVIDER_SA));
+    for ns in ["capi-system", "capd-system"] {
+        api.apply(
+            &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: move-operator-leases\n  namespace: {ns}\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: handoff-window-operator-leases\nsubjects:\n- kind: User\n  name: {NOBODY}\n"),
+        );
+    }
+}
+
+#[test]
+fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
+    if skip()
+        || !support::netns::in_own_netns(
+            "a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks",
+        )
+    {
+        return;
+    }
+    let started = Instant::now();
+    let source = management_cluster("source", [10, 0, 0, 20], true);
+    let target = management_cluster("target", [10, 0, 0, 21], false);
+    eprintln!(
+        "two clusters up after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    let capd = source.capd.as_ref().expect("capd");
+    // The in-API-server policies on the source: the held Lease must hold there without the
+    // webhook, and the pin's policy must leave a Lease-stopped controller alone.
+    let out = handoff(&source.api, ADMIN, &["policy", "install"]);
+    assert!(
+        out.status.success(),
+        "policy install: {}",
+        text(&out.stderr)
+    );
+
+    // --dry-run: the strategy and the Lease of each Deployment, nothing written.
+    let dry = window(&source, &target, &["open", WINDOW, "--dry-run"]);
+    assert!(dry.status.success(), "{}", text(&dry.stderr));
+    let plan = text(&dry.stdout);
+    assert!(
+        plan.contains("source: capi-system/capi-controller-manager: Lease: would hold controller-leader-election-capi (held by capi-controller-manager-")
+            && plan.contains("target: capi-system/capi-controller-manager: Lease: would hold")
+            && plan.contains("source: capd-system/capd-controller-manager: Scale: would pin to 0 replicas, saving 1")
+            && plan.contains("stopped by Lease: its webhooks keep serving"),
+        "{plan}"
+    );
+    assert!(!exists(&source.api, &["movewindow", WINDOW]));
+
+    // Forcing Scale brings back the preflight's refusal: capi's pods serve a fail-closed webhook.
+    let scale = window(&source, &target, &["open", WINDOW, "--stop", "scale"]);
+    assert!(!scale.status.success());
+    let err = text(&scale.stderr);
+    assert!(
+        err.contains("preflight")
+            && err.contains(
+                "capi-system/capi-controller-manager backs Service capi-system/capi-webhook-service"
+            ),
+        "{err}"
+    );
+    assert!(!exists(&source.api, &["movewindow", WINDOW]));
+
+    // Before: both providers reconcile and lead.
+    let source_holder = source.capi.wait_leader(&source.api, WAIT);
+    let target_holder = target.capi.wait_leader(&target.api, WAIT);
+    rising(&source.api, &source.capi);
+    rising(&target.api, &target.capi);
+    rising(&source.api, capd);
+
+    // Open, as the operator, without --allow-webhook-outage.
+    let t = Instant::now();
+    let open = window(
+        &source,
+        &target,
+        &["open", WINDOW, "--reason", "move to target"],
+    );
+    let open_took = t.elapsed();
+    let log = text(&open.stderr);
+    assert!(open.status.success(), "open: {log}");
+    eprintln!("handoff window open:\n{log}");
+    for want in [
+        "source: took Lease capi-system/controller-leader-election-capi from capi-controller-manager-",
+        "target: took Lease capi-system/controller-leader-election-capi from capi-controller-manager-",
+        "stopped by Lease, its webhooks keep serving",
+        "source: pinned capd-system/capd-controller-manager to 0 replicas (was 1)",
+        "waiting",
+        "source: capi-system/capi-controller-manager is stopped",
+        "target: capi-system/capi-controller-manager is stopped",
+    ] {
+        assert!(log.contains(want), "open did not say {want:?}:\n{log}");
+    }
+    // The proof waited for the former leader's leaseDurationSeconds (4 s here).
+    assert!(open_took >= Duration::from_secs(4), "{open_took:?}\n{log}");
+
+    for (m, former) in [(&source, &source_holder), (&target, &target_holder)] {
+        let lease = get(
+            &m.api,
+            &[
+                "-n",
+                "capi-system",
+                "lease",
+                "controller-leader-election-capi",
+            ],
+        );
+        assert_eq!(
+            lease["spec"]["holderIdentity"],
+            "handoff.dev/move-window/capi-move"
+        );
+        assert_eq!(lease["spec"]["leaseDurationSeconds"], 315_360_000);
+        assert_eq!(lease["metadata"]["labels"][HELD_BY], WINDOW);
+        assert_eq!(lease["metadata"]["annotations"][OPERATOR], NOBODY);
+        // Taken from the leader of the moment, or from one that took over in between.
+        let recorded = lease["metadata"]["annotations"]["handoff.dev/former-holder"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            holder_pod(&recorded).starts_with("capi-controller-manager-"),
+            "{recorded} (leader before: {former})"
+        );
+        // Not scaled: both replicas keep running and serving.
+        assert_eq!(
+            replicas(&m.api, "capi-system", "capi-controller-manager"),
+            2
+        );
+        let w = get(&m.api, &["movewindow", WINDOW]);
+        let entry = &w["status"]["pinned"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "capi-controller-manager")
+            .cloned()
+            .unwrap();
+        assert_eq!(entry["strategy"], "Lease", "{w}");
+        assert_eq!(entry["leases"][0]["formerLeaseDurationSeconds"], 4, "{w}");
+        assert!(entry["stoppedSince"].is_string(), "{w}");
+        assert_eq!(w["status"]["operator"], NOBODY);
+        assert_eq!(w["status"]["phase"], "Open");
+    }
+    assert_eq!(
+        replicas(&source.api, "capd-system", "capd-controller-manager"),
+        0
+    );
+
+    // During the window: no reconciler runs anywhere, for longer than a lease duration, while
+    // the former leaders restart (exit 1 on lost leadership) and wait as candidates.
+    let counts = [
+        source.capi.reconciles(&source.api),
+        target.capi.reconciles(&target.api),
+    ];
+    capd.wait_replicas(&source.api, 0, WAIT);
+    let capd_count = capd.reconciles(&source.api);
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        [
+            source.capi.reconciles(&source.api),
+            target.capi.reconciles(&target.api)
+        ],
+        counts,
+        "a provider reconciled while its Lease was held:\n{}\n{}",
+        source.capi.logs(),
+        target.capi.logs()
+    );
+    assert_eq!(capd.reconciles(&source.api), capd_count);
+    // ... and every write through the providers' fail-closed webhooks passes, in both clusters.
+    for (m, name) in [(&source, "moved-a"), (&target, "moved-b")] {
+        let before = m.capi.webhook_requests(&m.api);
+        let out = create_cluster(&m.api, name);
+        assert!(out.status.success(), "create {name}: {}", text(&out.stderr));
+        assert!(m.capi.webhook_requests(&m.api) > before);
+        assert_eq!(
+            m.capi.pods(&m.api).len(),
+            2,
+            "the Lease-stopped provider keeps its replicas"
+        );
+    }
+    // A write to the Lease-stopped Deployment is not pinned, by the webhook (target) or by
+    // the webhook and the pin's policy (source); the Scale-stopped one is.
+    for m in [&source, &target] {
+        m.api.ok(
+            ADMIN,
+            &[
+                "-n",
+                "capi-system",
+                "label",
+                "deployment",
+                "capi-controller-manager",
+                "touched=yes",
+                "--overwrite",
+            ],
+        );
+        assert_eq!(
+            replicas(&m.api, "capi-system", "capi-controller-manager"),
+            2
+        );
+    }
+    let out = source.api.kubectl(
+        ADMIN,
+        &[
+            "-n",
+            "capd-system",
+            "scale",
+            "deployment",
+            "capd-controller-manager",
+            "--replicas=3",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        replicas(&source.api, "capd-system", "capd-controller-manager"),
+        0
+    );
+
+    // The hold is guarded: nobody but the operator may change or delete the Lease. UPDATE
+    // matches the old object too (the label removed), DELETE the object deleted.
+    let lease = [
+        "-n",
+        "capi-system",
+        "lease",
+        "controller-leader-election-capi",
+    ];
+    for m in [&source, &target] {
+        for who in [BOB, PROVIDER_SA] {
+            for args in [
+                &["annotate", lease[0], lease[1], lease[2], lease[3], "x=y"][..],
+                &[
+                    "label",
+                    lease[0],
+                    lease[1],
+                    lease[2],
+                    lease[3],
+                    &format!("{HELD_BY}-"),
+                ][..],
+                &["delete", lease[0], lease[1], lease[2], lease[3]][..],
+                &[
+                    "patch",
+                    lease[0],
+                    lease[1],
+                    lease[2],
+                    lease[3],
+                    "--type=merge",
+                    "-p",
+                    r#"{"spec":{"holderIdentity":"capi-controller-manager-x-y_z"}}"#,
+                ][..],
+            ] {
+                let out = m.api.kubectl(ADMIN, &[args, &["--as", who]].concat());
+                let err = text(&out.stderr);
+                assert!(!out.status.success(), "{who} could {args:?}");
+                assert!(
+                    err.contains("is held by MoveWindow \"capi-move\"")
+                        && err.contains("only its operator \"nobody\"")
+                        && err.contains("handoff window close capi-move"),
+                    "{who} {args:?}: {err}"
+                );
+            }
+        }
+        // Every other Lease is nobody's business: never sent to handoff.
+        m.api.apply("apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: unrelated\n  namespace: capi-system\nspec:\n  holderIdentity: someone\n");
+        let out = m.api.kubectl(
+            ADMIN,
+            &[
+                "-n",
+                "capi-system",
+                "annotate",
+                "lease",
+                "unrelated",
+                "x=y",
+                "--as",
+                BOB,
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let out = m.api.kubectl(
+            ADMIN,
+            &[
+                "-n",
+                "capi-system",
+                "delete",
+                "lease",
+                "unrelated",
+                "--as",
+                PROVIDER_SA,
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    // Without the webhook, the source's policy holds the Lease alone.
+    source.api.ok(
+        ADMIN,
+        &["delete", "validatingwebhookconfiguration", "handoff"],
+    );
+    let refused =
+        support::apiserver::eventually("the policy refusing a held Lease's write", WAIT, || {
+            let out = source.api.kubectl(
+                ADMIN,
+                &[
+                    "annotate", lease[0], lease[1], lease[2], lease[3], "x=y", "--as", BOB,
+                ],
+            );
+            let err = text(&out.stderr);
+            (!out.status.success()
+                && err.contains("ValidatingAdmissionPolicy 'handoff-lease-hold'"))
+            .then_some(err)
+        });
+    assert!(
+        refused.contains("is held by MoveWindow \"capi-move\"")
+            && refused.contains("only its operator \"nobody\""),
+        "{refused}"
+    );
+    let status = window(&source, &target, &["status"]);
+    let table = text(&status.stdout);
+    assert!(
+        table.contains(
+            "Lease controller-leader-election-capi: held; former holder capi-controller-manager-"
+        ) && table.contains("operator: nobody"),
+        "{table}"
+    );
+
+    // Close: the target's controllers first, then the source's; the policy lets the operator
+    // release the source's Lease.
+    let t = Instant::now();
+    let close = window(&source, &target, &["close", WINDOW]);
+    let close_took = t.elapsed();
+    let log = text(&close.stderr);
+    assert!(close.status.success(), "close: {log}");
+    eprintln!("handoff window close:\n{log}");
+    let target_leads = log
+        .find("target: capi-system/capi-controller-manager leads again")
+        .unwrap_or_else(|| panic!("{log}"));
+    let source_leads = log
+        .find("source: capi-system/capi-controller-manager leads again")
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        target_leads < source_leads,
+        "the target leads first:\n{log}"
+    );
+    assert!(
+        log.contains("source: restored capd-system/capd-controller-manager to 1"),
+        "{log}"
+    );
+    for m in [&source, &target] {
+        let lease = get(
+            &m.api,
+            &[
+                "-n",
+                "capi-system",
+                "lease",
+                "controller-leader-election-capi",
+            ],
+        );
+        let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default();
+        assert!(
+            holder_pod(holder).starts_with("capi-controller-manager-"),
+            "{lease}"
+        );
+        assert!(
+            lease["metadata"]["labels"].get(HELD_BY).is_none(),
+            "{lease}"
+        );
+        assert!(
+            lease["metadata"]["annotations"].get(OPERATOR).is_none(),
+            "{lease}"
+        );
+        rising(&m.api, &m.capi);
+        assert_eq!(
+            get(&m.api, &["movewindow", WINDOW])["status"]["phase"],
+            "Closed"
+        );
+    }
+    capd.wait_replicas(&source.api, 1, WAIT);
+    rising(&source.api, capd);
+    // Released: everybody may write the Lease again (the provider's leader election does).
+    let out = source.api.kubectl(
+        ADMIN,
+        &[
+            "annotate", lease[0], lease[1], lease[2], lease[3], "x=y", "--as", BOB,
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // The Scale strategy's figures, for comparison (webhooks down meanwhile).
+    let t = Instant::now();
+    let open = window(
+        &source,
+        &target,
+        &[
+            "open",
+            "scaled",
+            "--stop",
+            "scale",
+            "--allow-webhook-outage",
+        ],
+    );
+    let scale_open_took = t.elapsed();
+    assert!(open.status.success(), "{}", text(&open.stderr));
+    let t = Instant::now();
+    let close = window(&source, &target, &["close", "scaled"]);
+    assert!(close.status.success(), "{}", text(&close.stderr));
+    let scale_close_returned = t.elapsed();
+    for m in [&source, &target] {
+        m.capi.wait_leader(&m.api, WAIT);
+        rising(&m.api, &m.capi);
+    }
+    let scale_close_took = t.elapsed();
+    eprintln!(
+        "timings: Lease open {:.1}s (proven stopped), close {:.1}s (every controller leads again); Scale open {:.1}s (pods gone), close {:.1}s to return, {:.1}s until every controller leads again; whole test {:.1}s",
+        open_took.as_secs_f64(),
+        close_took.as_secs_f64(),
+        scale_open_took.as_secs_f64(),
+        scale_close_returned.as_secs_f64(),
+        scale_close_took.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// `handoff window ARGS --source S --target T` as the operator.
+fn window(source: &Mgmt, target: &Mgmt, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .arg("window")
+        .args(args)
+        .arg("--source")
+        .arg(source.api.kubeconfig(NOBODY))
+        .arg("--target")
+        .arg(target.api.kubeconfig(NOBODY))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("handoff")
+}
+
+fn handoff(api: &ApiServer, user: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(api.kubeconfig(user))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("handoff")
+}
+
+fn create_cluster(api: &ApiServer, name: &str) -> Output {
+    api.kubectl_stdin(
+        ADMIN,
+        &["create", "-f", "-"],
+        Some(&cluster("clusters", name, false)),
+    )
+}
+
+fn get(api: &ApiServer, args: &[&str]) -> Value {
+    let out = api.ok(ADMIN, &[&["get"], args, &["-o", "json"]].concat());
+    serde_json::from_str(&out).expect("json")
+}
+
+fn exists(api: &ApiServer, args: &[&str]) -> bool {
+    api.kubectl(ADMIN, &[&["get"], args].concat())
+        .status
+        .success()
+}
+
+fn replicas(api: &ApiServer, ns: &str, name: &str) -> i64 {
+    get(api, &["-n", ns, "deployment", name])["spec"]["replicas"]
+        .as_i64()
+        .unwrap_or(1)
+}
+
+/// Its reconcilers run: the counter rises.
+fn rising(api: &ApiServer, p: &Provider) {
+    let first = p.reconciles(api);
+    support::apiserver::eventually("the reconcile counter to rise", WAIT, || {
+        (p.reconciles(api) > first).then_some(())
+    });
+}
