@@ -276,6 +276,18 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
         target.capi.logs()
     );
     assert_eq!(capd.reconciles(&source.api), capd_count);
+    // Open again: every step already done, the proof counted from the first take-over.
+    let again = window(&source, &target, &["open", WINDOW]);
+    let log = text(&again.stderr);
+    assert!(again.status.success(), "{log}");
+    assert!(
+        log.contains("source: Lease capi-system/controller-leader-election-capi already held")
+            && log.contains(
+                "source: capd-system/capd-controller-manager already pinned (restores to 1)"
+            )
+            && !log.contains("waiting"),
+        "{log}"
+    );
     // ... and every write through the providers' fail-closed webhooks passes, in both clusters.
     for (m, name) in [(&source, "moved-a"), (&target, "moved-b")] {
         let before = m.capi.webhook_requests(&m.api);
@@ -491,6 +503,50 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
         ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // A run that dies midway (here during the proof wait) is finished by running it again.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let err_path = dir.path().join("open.err");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["window", "open", "again", "--kubeconfig"])
+        .arg(target.api.kubeconfig(NOBODY))
+        .env_remove("KUBECONFIG")
+        .stderr(std::fs::File::create(&err_path).expect("open.err"))
+        .spawn()
+        .expect("handoff");
+    support::apiserver::eventually("open to take the Lease", WAIT, || {
+        std::fs::read_to_string(&err_path)
+            .ok()
+            .filter(|l| l.contains("took Lease"))
+    });
+    child.kill().expect("kill");
+    let _ = child.wait();
+    let lease_now = get(
+        &target.api,
+        &[
+            "-n",
+            "capi-system",
+            "lease",
+            "controller-leader-election-capi",
+        ],
+    );
+    assert_eq!(
+        lease_now["metadata"]["labels"][HELD_BY], "again",
+        "{lease_now}"
+    );
+    let again = handoff(&target.api, NOBODY, &["window", "open", "again"]);
+    let log = text(&again.stderr);
+    assert!(again.status.success(), "{log}");
+    assert!(
+        log.contains("already held") && log.contains("is stopped"),
+        "{log}"
+    );
+    let close = handoff(&target.api, NOBODY, &["window", "close", "again"]);
+    assert!(close.status.success(), "{}", text(&close.stderr));
+    let close = handoff(&target.api, NOBODY, &["window", "close", "again"]);
+    let log = text(&close.stderr);
+    assert!(close.status.success() && log.contains("is closed"), "{log}");
+    target.capi.wait_leader(&target.api, WAIT);
 
     // The Scale strategy's figures, for comparison (webhooks down meanwhile).
     let t = Instant::now();
