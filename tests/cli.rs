@@ -71,6 +71,71 @@ fn own_deployment_is_honoured_with_state_files() {
 }
 
 #[test]
+fn review_picks_the_held_lease_guard_for_a_held_lease() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let text = std::fs::read_to_string(examples.join("reviews/update-held-lease.json")).unwrap();
+    let review = |body: &str| {
+        use std::io::Write as _;
+        let mut child = handoff()
+            .args(["review", "--state"])
+            .arg(examples.join("state"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let decided = |body: &str| {
+        let out = review(body);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // The provider's own replica trying to take its Lease back: refused, told who may.
+    let v = decided(&text);
+    assert_eq!(v["response"]["allowed"], false, "{v}");
+    let msg = v["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("held by MoveWindow \"capi-move\"")
+            && msg.contains("only its operator \"alice\"")
+            && msg.contains("handoff window close capi-move"),
+        "{msg}"
+    );
+    assert_eq!(v["response"]["auditAnnotations"]["reason"], "lease-held");
+    // The operator releasing it: allowed.
+    let by_alice = text.replace(
+        "\"username\":\"system:serviceaccount:capi-system:capi-manager\"",
+        "\"username\":\"alice\"",
+    );
+    assert_ne!(by_alice, text);
+    assert_eq!(decided(&by_alice)["response"]["allowed"], true);
+    // A Lease nobody holds is never sent to handoff (the registration's objectSelector).
+    let free = text.replace(
+        "\"handoff.dev/held-by-window\":\"capi-move\"",
+        "\"app\":\"x\"",
+    );
+    assert_ne!(free, text);
+    let out = review(&free);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("no handoff webhook is registered for UPDATE of leases.coordination.k8s.io"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn review_reads_stdin() {
     let body = std::fs::read(fixtures_dir().join("delete-namespace-by-syncer-1.json")).unwrap();
     let mut child = handoff()
