@@ -261,7 +261,9 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
     let plan = text(&out.stdout);
     assert!(
         plan.contains("cluster: would create MoveWindow capi-move (Open)")
-            && plan.contains("pin-capi/capi-controller-manager: Scale: would pin to 0 replicas, saving 2")
+            && plan.contains(
+                "pin-capi/capi-controller-manager: Scale: would pin to 0 replicas, saving 2"
+            )
             && !plan.contains("pin-app")
             && plan.contains("nothing was written"),
         "{plan}"
