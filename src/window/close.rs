@@ -111,12 +111,36 @@ async fn close_one(
         .await
         .map_err(api_err(c, format!("reading MoveWindow {}", opts.name)))?
     else {
-        let _ = writeln!(
-            out,
-            "{}: there is no MoveWindow {}: nothing to close here",
-            c.label, opts.name
-        );
-        return Ok(None);
+        // Deleted without being closed: the Leases it held still say so, and nothing else
+        // will ever release them.
+        let orphans = lease::held_anywhere(c, &opts.name, out).await?;
+        if orphans.is_empty() {
+            let _ = writeln!(
+                out,
+                "{}: there is no MoveWindow {}: nothing to close here",
+                c.label, opts.name
+            );
+            return Ok(None);
+        }
+        let mut restored = Vec::new();
+        for (ns, l) in orphans {
+            if lease::release(c, &ns, &l, &opts.name).await? {
+                let _ = writeln!(
+                    out,
+                    "{}: there is no MoveWindow {} any more; released Lease {ns}/{l}, which it still held",
+                    c.label, opts.name
+                );
+                restored.push(Restored {
+                    cluster: c.label.clone(),
+                    deployment: format!("{ns}/(Lease {l})"),
+                    strategy: Strategy::Lease,
+                    replicas: 0,
+                    leader: None,
+                    note: Some("released from a deleted MoveWindow".into()),
+                });
+            }
+        }
+        return Ok(Some(restored));
     };
     // Closed first: from here on the webhook lets restores through.
     if w.spec.state != WindowState::Closed {
@@ -416,7 +440,7 @@ async fn release_leases(
             for l in &names {
                 loop {
                     if let Some(pod) = lease::leader(c, ns, l, name).await? {
-                        leaders.push(pod);
+                        leaders.push((l.clone(), pod));
                         break;
                     }
                     if start.elapsed() >= opts.lead_timeout {
@@ -436,13 +460,10 @@ async fn release_leases(
                 .iter_mut()
                 .find(|e| e.namespace == ns && e.name == name)
             {
-                for (h, pod) in e
-                    .leases
-                    .iter_mut()
-                    .filter(|h| names.contains(&h.name))
-                    .zip(&leaders)
-                {
-                    h.leads_again = Some(pod.clone());
+                for h in e.leases.iter_mut() {
+                    if let Some((_, pod)) = leaders.iter().find(|(l, _)| *l == h.name) {
+                        h.leads_again = Some(pod.clone());
+                    }
                 }
                 e.restored_at = Some(now());
                 e.note = note.clone();
@@ -456,7 +477,11 @@ async fn release_leases(
                 out,
                 "{}: {what} leads again ({}) after {:.1}s",
                 c.label,
-                leaders.join(", "),
+                leaders
+                    .iter()
+                    .map(|(_, p)| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 start.elapsed().as_secs_f64()
             ),
         };
@@ -465,7 +490,7 @@ async fn release_leases(
             deployment: what,
             strategy: Strategy::Lease,
             replicas: replicas.unwrap_or(0),
-            leader: leaders.first().cloned(),
+            leader: leaders.first().map(|(_, p)| p.clone()),
             note,
         });
     }

@@ -168,6 +168,35 @@ pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<
     })
 }
 
+/// Every Lease, in any namespace, that still names `window` as its holder (by the label). An
+/// operator whose Lease rights are per namespace may not list cluster-wide: then it says so.
+pub async fn held_anywhere(
+    c: &Cluster,
+    window: &str,
+    out: &mut dyn Write,
+) -> Result<Vec<(String, String)>> {
+    let selector = format!("{}={window}", crate::policy::lease_hold::HELD_BY_LABEL);
+    match Api::<Lease>::all(c.client.clone())
+        .list(&ListParams::default().labels(&selector))
+        .await
+    {
+        Ok(list) => Ok(list
+            .items
+            .into_iter()
+            .filter_map(|l| Some((l.metadata.namespace?, l.metadata.name?)))
+            .collect()),
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            let _ = writeln!(
+                out,
+                "{}: cannot list Leases cluster-wide to find any that MoveWindow {window} still holds ({}); kubectl get leases -A -l {selector} as an admin shows them",
+                c.label, e.message
+            );
+            Ok(vec![])
+        }
+        Err(e) => Err(api_err(c, "listing Leases")(e)),
+    }
+}
+
 /// The pod of `deployment` that leads with the Lease now.
 pub async fn leader(c: &Cluster, ns: &str, name: &str, deployment: &str) -> Result<Option<String>> {
     Ok(read(c, ns, name)

@@ -55,10 +55,12 @@ async fn ensure_open(
         .get_opt(&opts.name)
         .await
         .map_err(api_err(c, format!("reading MoveWindow {}", opts.name)))?;
-    let spec = match existing {
+    // A window is created (or re-opened) Closed, its Lease-stopped Deployments recorded, and
+    // only then set Open: a pin that sees it open always sees which ones not to scale.
+    let (spec, was_open) = match existing {
         None => {
             let spec = MoveWindowSpec {
-                state: WindowState::Open,
+                state: WindowState::Closed,
                 deployment_selector: opts.selector.clone(),
                 reason: opts.reason.clone(),
                 role: c.role,
@@ -68,8 +70,7 @@ async fn ensure_open(
             api.create(&PostParams::default(), &w)
                 .await
                 .map_err(api_err(c, format!("creating MoveWindow {}", opts.name)))?;
-            let _ = writeln!(out, "{}: created MoveWindow {} (Open)", c.label, opts.name);
-            spec
+            (spec, false)
         }
         Some(w) => {
             if let Some(sel) = &opts.selector
@@ -95,19 +96,11 @@ async fn ensure_open(
                     ),
                 });
             }
-            if w.spec.state != WindowState::Open {
-                api.patch(
-                    &opts.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"state": "Open"}})),
-                )
-                .await
-                .map_err(api_err(c, format!("re-opening MoveWindow {}", opts.name)))?;
-                let _ = writeln!(out, "{}: re-opened MoveWindow {}", c.label, opts.name);
-            } else {
+            if w.spec.state == WindowState::Open {
                 let _ = writeln!(out, "{}: MoveWindow {} is already open", c.label, opts.name);
             }
-            w.spec
+            let open = w.spec.state == WindowState::Open;
+            (w.spec, open)
         }
     };
     // Recorded before the pin's policies are bound: their condition reads the strategies.
@@ -128,6 +121,16 @@ async fn ensure_open(
         }
     })
     .await?;
+    if !was_open {
+        api.patch(
+            &opts.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"state": "Open"}})),
+        )
+        .await
+        .map_err(api_err(c, format!("opening MoveWindow {}", opts.name)))?;
+        let _ = writeln!(out, "{}: MoveWindow {} is Open", c.label, opts.name);
+    }
     // With the pin's admission policies installed, the window binds them too, so that it
     // pins inside the API server even while no handoff replica runs.
     let bound = crate::admission_policy::apply::pin_installed(&c.client)
@@ -165,7 +168,11 @@ fn merge_leased(s: &mut MoveWindowStatus, mut p: PinnedDeployment) {
         .find(|o| o.namespace == p.namespace && o.name == p.name && o.restored_at.is_none())
     {
         for l in &mut p.leases {
-            if let Some(o) = old.leases.iter().find(|o| o.name == l.name) {
+            if let Some(o) = old
+                .leases
+                .iter()
+                .find(|o| o.name == l.name && o.released_at.is_none())
+            {
                 *l = o.clone();
             }
         }
@@ -473,12 +480,27 @@ async fn take_leases(
                 .find(|p| p.namespace == ch.namespace && p.name == ch.name)
                 && let Some(e) = p.leases.iter_mut().find(|e| e.name == l.name)
             {
-                // A re-run keeps the first take-over's time (the bound counts from it).
-                if e.held_since.is_none() {
-                    e.held_since = h.held_since.clone();
+                match &h.held_since {
+                    // Taken now: the bound counts from this take-over, whatever an earlier
+                    // (released) hold recorded.
+                    Some(t) => {
+                        e.held_since = Some(t.clone());
+                        e.released_at = None;
+                        e.leads_again = None;
+                    }
+                    // Held already (a re-run): the first take-over's time stands; if it was
+                    // never recorded (a run that died between the write and the record),
+                    // from now on: late, never early.
+                    None => {
+                        if e.held_since.is_none() || e.released_at.is_some() {
+                            e.held_since = Some(now());
+                            e.released_at = None;
+                        }
+                    }
                 }
                 e.former_holder = h.former_holder.clone();
                 e.former_lease_duration_seconds = h.former_lease_duration_seconds;
+                p.stopped_since = None;
             }
             s.last_step = Some(format!("took Lease {}/{}", ch.namespace, l.name));
         })
@@ -517,12 +539,37 @@ fn proven_at(held: &[HeldLease]) -> Timestamp {
         .unwrap_or_else(Timestamp::now)
 }
 
-/// Open a window on every cluster: choose and preflight all, then create the windows, stop
-/// every selected Deployment (Lease or Scale, source first), and wait until each is proven
-/// stopped: the former leaders' `leaseDurationSeconds` after the take-over for a Lease, the
-/// pods gone for a Scale.
-pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write) -> Result<()> {
-    let started = tokio::time::Instant::now();
+/// What `open` checks before it writes anything, on every cluster: how each Deployment would
+/// be stopped, and the preflight (a Scale-stopped Deployment behind a fail-closed webhook is
+/// refused unless `--allow-webhook-outage`). `handoff move` runs it for both clusters before
+/// it starts.
+pub async fn check(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write) -> Result<()> {
+    checked(clusters, opts, out).await.map(|_| ())
+}
+
+type Chosen = (Selector, StopPolicy, Vec<Choice>);
+
+async fn checked(
+    clusters: &[Cluster],
+    opts: &OpenOptions,
+    out: &mut dyn Write,
+) -> Result<Vec<Chosen>> {
+    // The name becomes a label value on held Leases (at most 63 characters), refused now
+    // rather than after the first Deployment is stopped.
+    if opts.name.len() > 63 {
+        return Err(WindowError::Refused {
+            cluster: clusters
+                .iter()
+                .map(|c| c.label.as_str())
+                .collect::<Vec<_>>()
+                .join("+"),
+            message: format!(
+                "MoveWindow name {:?} is {} characters; at most 63 (it labels the Leases a window holds)",
+                opts.name,
+                opts.name.len()
+            ),
+        });
+    }
     let mut chosen = Vec::new();
     for c in clusters {
         chosen.push(choose(c, opts).await?);
@@ -548,14 +595,41 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
             let _ = writeln!(out, "warning: {f} (allowed by --allow-webhook-outage)");
         }
     }
+    Ok(chosen)
+}
+
+/// Open a window on every cluster: choose and preflight all, then create the windows, stop
+/// every selected Deployment (Lease or Scale, source first), and wait until each is proven
+/// stopped: the former leaders' `leaseDurationSeconds` after the take-over for a Lease, the
+/// pods gone for a Scale.
+pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write) -> Result<()> {
+    let started = tokio::time::Instant::now();
+    let chosen = checked(clusters, opts, out).await?;
     // Who holds the Leases: asked once, and only where a Lease will be taken.
     let mut operators: Vec<Option<String>> = Vec::new();
     for (c, (_, _, choices)) in clusters.iter().zip(&chosen) {
         let needs = choices.iter().any(|ch| matches!(ch.plan, Stop::Lease(_)));
-        operators.push(match needs {
+        let me = match needs {
             true => Some(lease::whoami(c).await?),
             false => None,
-        });
+        };
+        if let Some(me) = &me {
+            for ch in choices {
+                let Stop::Lease(leases) = &ch.plan else {
+                    continue;
+                };
+                if let Some(message) = leases
+                    .iter()
+                    .find_map(|l| plan::held_for_another(l, &opts.name, me))
+                {
+                    return Err(WindowError::Refused {
+                        cluster: c.label.clone(),
+                        message: format!("{}: {message}", ch.what()),
+                    });
+                }
+            }
+        }
+        operators.push(me);
     }
     // Every window exists and is open before any Deployment is stopped anywhere, so a cluster
     // that fails here leaves no controller stopped without a window to close.
@@ -565,7 +639,7 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
         bound.push(ensure_open(c, opts, &leased, out).await?);
         if let Some(op) = operator {
             record(c, &opts.name, |s| {
-                s.operator.get_or_insert_with(|| op.clone());
+                s.operator = Some(op.clone());
             })
             .await?;
         }

@@ -89,6 +89,8 @@ pub struct LeaseSeen {
     pub held_by: Option<String>,
     pub former_holder: Option<String>,
     pub former_duration: Option<i32>,
+    /// `handoff.dev/window-operator`: who may write it while it is held.
+    pub operator: Option<String>,
 }
 
 impl LeaseSeen {
@@ -117,6 +119,7 @@ impl LeaseSeen {
                 .cloned(),
             former_holder: ann(FORMER_HOLDER_ANNOTATION),
             former_duration: ann(FORMER_DURATION_ANNOTATION).and_then(|d| d.parse().ok()),
+            operator: ann(OPERATOR_ANNOTATION),
         }
     }
 
@@ -251,6 +254,21 @@ pub fn choose_stop(
     }
 }
 
+/// A Lease this window holds for another operator: writing it again (a re-run) or releasing it
+/// would be refused by the guard halfway, so the run is refused before it writes anything.
+pub fn held_for_another(l: &LeaseSeen, window: &str, me: &str) -> Option<String> {
+    if l.window() != Some(window) {
+        return None;
+    }
+    let op = l.operator.as_deref().unwrap_or("");
+    (op != me).then(|| {
+        format!(
+            "Lease {} is held by MoveWindow {window:?} for its operator {op:?}, and only that user may write it: run this command as {op:?}",
+            l.name
+        )
+    })
+}
+
 // ---- Lease: take, prove, release ----
 
 /// What taking one Lease comes to.
@@ -338,9 +356,12 @@ pub fn release_patch(l: &LeaseSeen, now: Timestamp) -> Value {
     })
 }
 
-/// When a former leader is proven stopped: a leader that cannot renew stops leading within
-/// `RenewDeadline` (< `LeaseDuration`) of its last renewal, which came before the take-over;
-/// `leaseDurationSeconds` after it is client-go's own bound for every candidate.
+/// When a former leader is proven stopped. client-go's `renew` (`leaderelection.go`) retries
+/// each round for `RenewDeadline`, a round starting `RetryPeriod` after the last success, so a
+/// leader that cannot renew stops leading within `RetryPeriod + RenewDeadline` of its last
+/// renewal, which came before the take-over. The Lease records only `leaseDurationSeconds`;
+/// handoff assumes, as the defaults of every provider it names do (2 s + 10 s ≤ 15 s, and
+/// 5 s + 40 s ≤ 60 s for the kubeadm control plane), that the other two fit within it.
 pub fn stopped_at(held_since: Timestamp, former_duration: i32) -> Timestamp {
     held_since
         .checked_add(SignedDuration::from_secs(i64::from(former_duration.max(0))))
@@ -563,6 +584,18 @@ mod tests {
         assert_eq!(r["spec"]["leaseTransitions"], 3);
         assert!(r["metadata"]["labels"][HELD_BY_LABEL].is_null());
         assert!(r["metadata"]["annotations"][OPERATOR_ANNOTATION].is_null());
+    }
+
+    #[test]
+    fn a_rerun_as_another_user_is_refused_before_it_writes() {
+        let mut held = lease("l", &holder_identity("move"));
+        held.held_by = Some("move".into());
+        held.operator = Some("alice".into());
+        assert_eq!(held_for_another(&held, "move", "alice"), None);
+        assert!(held_for_another(&held, "move", "bob").is_some_and(|m| m.contains("\"alice\"")));
+        assert_eq!(held_for_another(&held, "other", "bob"), None);
+        let free = lease("l", "capi-controller-manager-7d9f8b6c4-x2k4j_u1");
+        assert_eq!(held_for_another(&free, "move", "bob"), None);
     }
 
     #[test]
