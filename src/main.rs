@@ -62,6 +62,62 @@ enum Command {
     Window(WindowArgs),
     /// Install, remove or print the in-API-server admission policies (both rules).
     Policy(PolicyArgs),
+    /// `clusterctl move`, with the controllers of both clusters stopped for the whole copy
+    /// (the target's before it starts, the source's once clusterctl has paused it) and
+    /// restored afterwards, the target's first; `--abort` brings them back after a failure.
+    Move(MoveArgs),
+}
+
+#[derive(Args)]
+struct MoveArgs {
+    /// kubeconfig of the source management cluster, passed to clusterctl (default: as
+    /// clusterctl and kubectl find it: $KUBECONFIG, ~/.kube/config).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Context in the source kubeconfig.
+    #[arg(long)]
+    kubeconfig_context: Option<String>,
+    /// kubeconfig of the target management cluster.
+    #[arg(long, value_name = "FILE")]
+    to_kubeconfig: PathBuf,
+    /// Context in the target kubeconfig.
+    #[arg(long)]
+    to_kubeconfig_context: Option<String>,
+    /// The namespace to move (default: the source context's namespace, else `default`, as
+    /// clusterctl picks it); handoff passes it to clusterctl explicitly.
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    /// Passed to clusterctl; handoff prints its plan and writes nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// The clusterctl binary.
+    #[arg(long, value_name = "PATH", default_value = "clusterctl")]
+    clusterctl: PathBuf,
+    /// The MoveWindow in both clusters (default: move-<namespace>).
+    #[arg(long, value_name = "NAME")]
+    window: Option<String>,
+    /// Bring every controller back as it was (the source's first) after a move that failed,
+    /// and say what clusterctl left behind.
+    #[arg(long, conflicts_with = "dry_run")]
+    abort: bool,
+    /// How to stop each controller, as `window open --stop`.
+    #[arg(long, value_enum)]
+    stop: Option<StopArg>,
+    /// Move even though Deployments pinned to 0 serve webhooks that fail closed.
+    #[arg(long)]
+    allow_webhook_outage: bool,
+    /// How long to wait for the pinned pods to be gone.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = duration)]
+    wait_timeout: Duration,
+    /// How long a restore may be re-pinned by a webhook that has not yet seen the close.
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = duration)]
+    restore_timeout: Duration,
+    /// How long a released Lease may stay without a pod of its Deployment leading.
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = duration)]
+    lead_timeout: Duration,
+    /// handoff's own Deployment (NAMESPACE/NAME), never stopped.
+    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-pin", value_parser = own_deployment)]
+    own_deployment: OwnDeployment,
 }
 
 #[derive(Args)]
@@ -390,6 +446,7 @@ fn main() -> std::process::ExitCode {
             Command::Certs(a) => certs_cmd(a),
             Command::Window(a) => window(a).await,
             Command::Policy(a) => policy(a).await,
+            Command::Move(a) => move_cmd(a).await,
             Command::Crd => {
                 print!("{}", handoff::resources::move_window::crd_yaml());
                 Ok(())
@@ -398,11 +455,94 @@ fn main() -> std::process::ExitCode {
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
+        // A failed clusterctl: its own error is above; handoff says what is left and exits
+        // with clusterctl's code.
+        Err(e) => match e.downcast_ref::<handoff::window::WindowError>() {
+            Some(handoff::window::WindowError::Clusterctl { code, help }) => {
+                eprintln!("error: {help}");
+                std::process::ExitCode::from(u8::try_from(*code).unwrap_or(1).max(1))
+            }
+            _ => {
+                eprintln!("error: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
+}
+
+async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
+    use handoff::resources::move_window::MoveRole;
+    use handoff::window::{self, Cluster, move_plan::ClusterctlFlags};
+    let (source, source_server, source_ns) =
+        client_and_namespace(a.kubeconfig.as_deref(), a.kubeconfig_context.as_deref())
+            .await
+            .context("--kubeconfig (the source)")?;
+    let (target, target_server, _) =
+        client_and_namespace(Some(&a.to_kubeconfig), a.to_kubeconfig_context.as_deref())
+            .await
+            .context("--to-kubeconfig (the target)")?;
+    let namespace = a.namespace.unwrap_or(source_ns);
+    let name = a.window.unwrap_or_else(|| format!("move-{namespace}"));
+    let opts = window::MoveOptions {
+        window: name.clone(),
+        flags: ClusterctlFlags {
+            kubeconfig: a.kubeconfig,
+            kubeconfig_context: a.kubeconfig_context,
+            to_kubeconfig: a.to_kubeconfig,
+            to_kubeconfig_context: a.to_kubeconfig_context,
+            namespace,
+            dry_run: a.dry_run,
+        },
+        clusterctl: a.clusterctl,
+        abort: a.abort,
+        open: window::OpenOptions {
+            name: name.clone(),
+            selector: None,
+            reason: None,
+            allow_webhook_outage: a.allow_webhook_outage,
+            wait_timeout: a.wait_timeout,
+            poll: Duration::from_secs(2),
+            own: a.own_deployment,
+            stop: a.stop.map(Into::into),
+        },
+        close: window::CloseOptions {
+            name,
+            restore_timeout: a.restore_timeout,
+            poll: Duration::from_millis(500),
+            settle: Duration::from_secs(3),
+            lead_timeout: a.lead_timeout,
+        },
+        poll: Duration::from_secs(1),
+    };
+    let source = Cluster {
+        label: "source".into(),
+        client: source,
+        role: Some(MoveRole::Source),
+    };
+    let target = Cluster {
+        label: "target".into(),
+        client: target,
+        role: Some(MoveRole::Target),
+    };
+    let mut err = std::io::stderr();
+    window::move_run(&source, &target, &opts, &mut err)
+        .await
+        .map_err(|e| {
+            let server = match &e {
+                window::WindowError::Api { cluster, .. } if cluster == "source" => {
+                    Some(format!("API server {source_server} (source)"))
+                }
+                window::WindowError::Api { cluster, .. } if cluster == "target" => {
+                    Some(format!("API server {target_server} (target)"))
+                }
+                _ => None,
+            };
+            let e = anyhow::Error::new(e);
+            match server {
+                Some(s) => e.context(s),
+                None => e,
+            }
+        })
 }
 
 async fn kube_client(args: &StateArgs) -> anyhow::Result<kube::Client> {
@@ -450,6 +590,17 @@ async fn client_for(
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
     Ok((client, server))
+}
+
+/// `client_for`, and the context's namespace (`default` when it names none), which is the
+/// namespace clusterctl moves when it is given none.
+async fn client_and_namespace(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> anyhow::Result<(kube::Client, String, String)> {
+    let (client, server) = client_for(kubeconfig, context).await?;
+    let ns = client.default_namespace().to_string();
+    Ok((client, server, ns))
 }
 
 /// Build the state and, for a cluster, the client whose watches must be started.

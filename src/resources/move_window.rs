@@ -107,6 +107,39 @@ pub struct MoveWindowStatus {
     /// guard lets change or delete them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator: Option<String>,
+    /// On the target's window: what `handoff move` has done and seen, for a re-run (or
+    /// `--abort`) to pick up from, even after handoff itself died.
+    #[serde(default, rename = "move", skip_serializing_if = "Option::is_none")]
+    pub move_record: Option<MoveRecord>,
+}
+
+/// One `handoff move`, as recorded on the target's MoveWindow.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MoveRecord {
+    /// `Stopping target`, `Moving` (clusterctl runs), `Stopping source`, `Copying`,
+    /// `Restoring`, `Failed`, `Done`, `Aborted`.
+    pub phase: String,
+    /// The source namespace clusterctl moves (`--namespace`).
+    pub namespace: String,
+    /// When this attempt started (RFC 3339), and how many attempts there were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default)]
+    pub attempts: i32,
+    /// Source Clusters (`namespace/name`) that carry handoff's block-move now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_move: Vec<String>,
+    /// Source Clusters that were not paused when the move started and that handoff saw
+    /// paused afterwards: clusterctl paused them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paused_by_clusterctl: Vec<String>,
+    /// clusterctl's exit code, once it exited (`-1`: killed by a signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusterctl_exit: Option<i32>,
+    /// What went wrong, for `status` and a re-run to show.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -39,6 +39,9 @@ pub enum WindowError {
     Preflight(Vec<Finding>),
     #[error("{cluster}: {message}")]
     Refused { cluster: String, message: String },
+    /// `handoff move`: clusterctl failed; `help` says what is left and the ways on.
+    #[error("{help}")]
+    Clusterctl { code: i32, help: String },
     #[error(
         "{cluster}: timed out after {after:?} {what}; the window stays as it is: run the same command again to resume"
     )]
@@ -126,6 +129,7 @@ pub async fn record(
             "closedAt",
             "lastStep",
             "operator",
+            "move",
         ] {
             body.as_object_mut()
                 .expect("status is an object")
@@ -133,6 +137,15 @@ pub async fn record(
                 .or_insert(serde_json::Value::Null);
         }
         body["pinned"] = serde_json::to_value(&status.pinned).expect("pinned serializes");
+        // The move record is replaced whole: a field it no longer has must go too.
+        if let Some(m) = body.get_mut("move").and_then(|m| m.as_object_mut()) {
+            for field in ["startedAt", "clusterctlExit", "error"] {
+                m.entry(field).or_insert(serde_json::Value::Null);
+            }
+            for field in ["blockMove", "pausedByClusterctl"] {
+                m.entry(field).or_insert(json!([]));
+            }
+        }
         let patch = json!({
             "metadata": {"resourceVersion": w.metadata.resource_version},
             "status": body

@@ -9,6 +9,8 @@
 mod close;
 mod common;
 mod lease;
+pub mod move_plan;
+mod mover;
 mod open;
 pub mod plan;
 mod preflight;
@@ -16,6 +18,7 @@ mod status;
 
 pub use close::{CloseOptions, Restored, close};
 pub use common::{Cluster, WindowError};
-pub use open::{OpenOptions, open, plan_open};
+pub use mover::{MoveOptions, run as move_run};
+pub use open::{OpenOptions, check, open, plan_open};
 pub use preflight::{Finding, preflight};
 pub use status::{DeploymentView, LeaseView, WindowView, render_table, status};

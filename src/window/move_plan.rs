@@ -1,0 +1,402 @@
+//! `handoff move`'s plan, pure: where a run starts given what an earlier one recorded, which
+//! Clusters get handoff's block-move, when the source may be stopped, which Clusters a re-run
+//! unpauses, clusterctl's command line, and what to tell the user when it fails.
+//!
+//! The order it keeps follows clusterctl's own (`cmd/clusterctl/client/cluster/mover.go` in
+//! kubernetes-sigs/cluster-api, `objectMover.move`): refuse paused Clusters
+//! (`checkClustersNotPaused`), pause the Clusters and ClusterClasses, wait while any object that
+//! carried `clusterctl.cluster.x-k8s.io/block-move` at discovery still carries it
+//! (`waitReadyForMove`: 5 s × 1.5, 10 attempts per object, about 6 minutes), create in the
+//! target in owner order, delete from the source, unpause the target.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use crate::resources::move_window::MoveRecord;
+
+/// clusterctl's annotation: an object that carries it at discovery holds the move until it is
+/// removed (`clusterctlv1.BlockMoveAnnotation`).
+pub const BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
+/// Cluster API's pause annotation (`clusterv1.PausedAnnotation`), which clusterctl's paused
+/// check reads beside `spec.paused`.
+pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+
+/// The value of handoff's own block-move, so it is never mistaken for a provider's.
+pub fn block_move_value(window: &str) -> String {
+    format!("handoff.dev/move-window/{window}")
+}
+
+/// A source Cluster as the plan reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSeen {
+    /// `namespace/name`.
+    pub key: String,
+    /// `spec.paused`, or the paused annotation.
+    pub paused: bool,
+    /// The value of its block-move annotation, if it carries one.
+    pub block_move: Option<String>,
+}
+
+/// Where a run starts, from what the target's window recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// No move recorded, or the last one ended (done or aborted): a new move.
+    Fresh,
+    /// A move that did not finish before clusterctl succeeded (it failed, was interrupted,
+    /// or handoff died): put the source back as clusterctl expects it, then move again.
+    Resume,
+    /// clusterctl succeeded and the restore did not finish: restore only.
+    RestoreOnly,
+}
+
+pub fn start(record: Option<&MoveRecord>, namespace: &str) -> Result<Start, String> {
+    let Some(r) = record else {
+        return Ok(Start::Fresh);
+    };
+    if matches!(r.phase.as_str(), "Done" | "Aborted") {
+        return Ok(Start::Fresh);
+    }
+    if r.namespace != namespace {
+        return Err(format!(
+            "the window records an unfinished move of namespace {:?} ({}); finish it (same command with --namespace {}) or abort it (--abort) first",
+            r.namespace, r.phase, r.namespace
+        ));
+    }
+    Ok(match r.clusterctl_exit {
+        Some(0) => Start::RestoreOnly,
+        _ => Start::Resume,
+    })
+}
+
+/// The Clusters handoff puts its block-move on: every Cluster in scope that carries none (a
+/// block-move that is not handoff's, a provider's, stays as it is, untouched).
+pub fn add_block_move(clusters: &[ClusterSeen], window: &str) -> Vec<String> {
+    let ours = block_move_value(window);
+    clusters
+        .iter()
+        .filter(|c| c.block_move.is_none() || c.block_move.as_deref() == Some(&ours))
+        .map(|c| c.key.clone())
+        .collect()
+}
+
+/// Paused Clusters that refuse a new move (clusterctl v1.12+ refuses to start), unless a
+/// re-run will unpause them because clusterctl paused them.
+pub fn refuses(clusters: &[ClusterSeen], will_unpause: &[String]) -> Vec<String> {
+    clusters
+        .iter()
+        .filter(|c| c.paused && !will_unpause.contains(&c.key))
+        .map(|c| c.key.clone())
+        .collect()
+}
+
+/// On a re-run: the Clusters to unpause, those that were running when the move started and
+/// that clusterctl paused (paused now).
+pub fn to_unpause(record: &MoveRecord, clusters: &[ClusterSeen]) -> Vec<String> {
+    clusters
+        .iter()
+        .filter(|c| c.paused && record.paused_by_clusterctl.contains(&c.key))
+        .map(|c| c.key.clone())
+        .collect()
+}
+
+/// Whether the source's controllers may be stopped: clusterctl has paused every Cluster in
+/// scope, and no object but handoff's block-move holds the move any more (the providers have
+/// lifted theirs, which they do only while their controllers run). `Err`: what it waits for.
+pub fn source_ready(
+    clusters: &[ClusterSeen],
+    blocking: &[String],
+    window: &str,
+) -> Result<(), String> {
+    let unpaused: Vec<&str> = clusters
+        .iter()
+        .filter(|c| !c.paused)
+        .map(|c| c.key.as_str())
+        .collect();
+    if !unpaused.is_empty() {
+        return Err(format!(
+            "clusterctl to pause Cluster {}",
+            unpaused.join(", ")
+        ));
+    }
+    let ours = block_move_value(window);
+    let others: Vec<&str> = clusters
+        .iter()
+        .filter(|c| c.block_move.as_deref().is_some_and(|v| v != ours))
+        .map(|c| c.key.as_str())
+        .chain(blocking.iter().map(String::as_str))
+        .collect();
+    if !others.is_empty() {
+        return Err(format!(
+            "the providers to lift their {BLOCK_MOVE} from {}",
+            others.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// clusterctl move's flags, as handoff got them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterctlFlags {
+    pub kubeconfig: Option<PathBuf>,
+    pub kubeconfig_context: Option<String>,
+    pub to_kubeconfig: PathBuf,
+    pub to_kubeconfig_context: Option<String>,
+    /// Always passed: handoff resolved it as clusterctl would (the source context's
+    /// namespace, else `default`), so both act on the same one.
+    pub namespace: String,
+    pub dry_run: bool,
+}
+
+pub fn clusterctl_args(f: &ClusterctlFlags) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["move".into()];
+    if let Some(k) = &f.kubeconfig {
+        a.push("--kubeconfig".into());
+        a.push(k.into());
+    }
+    if let Some(c) = &f.kubeconfig_context {
+        a.push("--kubeconfig-context".into());
+        a.push(c.into());
+    }
+    a.push("--to-kubeconfig".into());
+    a.push((&f.to_kubeconfig).into());
+    if let Some(c) = &f.to_kubeconfig_context {
+        a.push("--to-kubeconfig-context".into());
+        a.push(c.into());
+    }
+    a.push("--namespace".into());
+    a.push((&f.namespace).into());
+    if f.dry_run {
+        a.push("--dry-run".into());
+    }
+    a
+}
+
+/// The same `handoff move` again, for the messages.
+pub fn command_line(f: &ClusterctlFlags, window: &str, clusterctl: &std::path::Path) -> String {
+    let q = |s: &str| {
+        if s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@".contains(c))
+        {
+            s.to_string()
+        } else {
+            format!("'{}'", s.replace('\'', r"'\''"))
+        }
+    };
+    let mut s = String::from("handoff move");
+    if let Some(k) = &f.kubeconfig {
+        s.push_str(&format!(" --kubeconfig {}", q(&k.to_string_lossy())));
+    }
+    if let Some(c) = &f.kubeconfig_context {
+        s.push_str(&format!(" --kubeconfig-context {}", q(c)));
+    }
+    s.push_str(&format!(
+        " --to-kubeconfig {}",
+        q(&f.to_kubeconfig.to_string_lossy())
+    ));
+    if let Some(c) = &f.to_kubeconfig_context {
+        s.push_str(&format!(" --to-kubeconfig-context {}", q(c)));
+    }
+    s.push_str(&format!(" --namespace {}", q(&f.namespace)));
+    s.push_str(&format!(" --window {}", q(window)));
+    if clusterctl != std::path::Path::new("clusterctl") {
+        s.push_str(&format!(
+            " --clusterctl {}",
+            q(&clusterctl.to_string_lossy())
+        ));
+    }
+    s
+}
+
+/// What a failed move tells the user: that both clusters stay stopped, what clusterctl left
+/// behind with the commands that show it, and the two ways on.
+pub fn failure_help(
+    f: &ClusterctlFlags,
+    window: &str,
+    clusterctl: &std::path::Path,
+    what: &str,
+) -> String {
+    let again = command_line(f, window, clusterctl);
+    let kc = |k: Option<&PathBuf>, ctx: Option<&String>| {
+        let mut s = String::from("kubectl");
+        if let Some(k) = k {
+            s.push_str(&format!(" --kubeconfig {}", k.to_string_lossy()));
+        }
+        if let Some(c) = ctx {
+            s.push_str(&format!(" --context {c}"));
+        }
+        s
+    };
+    let source = kc(f.kubeconfig.as_ref(), f.kubeconfig_context.as_ref());
+    let target = kc(Some(&f.to_kubeconfig), f.to_kubeconfig_context.as_ref());
+    let ns = &f.namespace;
+    format!(
+        "{what}\n\
+         The controllers handoff stopped stay stopped, and MoveWindow {window} stays open, in both clusters (handoff window status --source … --target … shows them). handoff's block-move is off every Cluster.\n\
+         What clusterctl left behind, for you to decide:\n\
+         \x20 source Clusters it paused:      {source} -n {ns} get clusters.cluster.x-k8s.io -o custom-columns=NAME:.metadata.name,PAUSED:.spec.paused\n\
+         \x20 objects it created in the target: {target} -n {ns} get clusters.cluster.x-k8s.io,machinedeployments.cluster.x-k8s.io,machines.cluster.x-k8s.io\n\
+         Two ways on:\n\
+         \x20 finish the move: {again}\n\
+         \x20   (puts the source back as clusterctl expects it: its controllers running, the Clusters clusterctl paused unpaused, handoff's block-move back on; keeps the target stopped; runs clusterctl again)\n\
+         \x20 undo the stop:   {again} --abort\n\
+         \x20   (brings every controller back as it was, the source's first, since it still owns what was not moved; the paused Clusters and the copies stay as they are)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(key: &str, paused: bool, block: Option<&str>) -> ClusterSeen {
+        ClusterSeen {
+            key: key.into(),
+            paused,
+            block_move: block.map(String::from),
+        }
+    }
+
+    fn record(phase: &str, exit: Option<i32>) -> MoveRecord {
+        MoveRecord {
+            phase: phase.into(),
+            namespace: "clusters".into(),
+            clusterctl_exit: exit,
+            ..MoveRecord::default()
+        }
+    }
+
+    #[test]
+    fn a_run_starts_where_the_last_one_stopped() {
+        assert_eq!(start(None, "clusters"), Ok(Start::Fresh));
+        for done in ["Done", "Aborted"] {
+            assert_eq!(
+                start(Some(&record(done, Some(0))), "clusters"),
+                Ok(Start::Fresh)
+            );
+        }
+        for phase in [
+            "Stopping target",
+            "Moving",
+            "Stopping source",
+            "Copying",
+            "Failed",
+        ] {
+            assert_eq!(
+                start(Some(&record(phase, None)), "clusters"),
+                Ok(Start::Resume)
+            );
+            assert_eq!(
+                start(Some(&record(phase, Some(1))), "clusters"),
+                Ok(Start::Resume)
+            );
+        }
+        assert_eq!(
+            start(Some(&record("Restoring", Some(0))), "clusters"),
+            Ok(Start::RestoreOnly)
+        );
+        let other = start(Some(&record("Failed", Some(1))), "elsewhere").unwrap_err();
+        assert!(other.contains("--namespace clusters"), "{other}");
+    }
+
+    #[test]
+    fn block_move_is_added_only_where_nobody_else_holds_one() {
+        let ours = block_move_value("w");
+        let clusters = [
+            c("ns/a", false, None),
+            c("ns/b", false, Some("")),
+            c("ns/c", false, Some(&ours)),
+        ];
+        assert_eq!(add_block_move(&clusters, "w"), ["ns/a", "ns/c"]);
+    }
+
+    #[test]
+    fn the_source_stops_once_paused_and_unblocked() {
+        let ours = block_move_value("w");
+        let running = [c("ns/a", false, Some(&ours))];
+        assert!(
+            source_ready(&running, &[], "w")
+                .unwrap_err()
+                .contains("pause Cluster ns/a")
+        );
+        let paused = [c("ns/a", true, Some(&ours))];
+        let blocked = source_ready(&paused, &["DockerCluster ns/a".into()], "w").unwrap_err();
+        assert!(blocked.contains("DockerCluster ns/a"), "{blocked}");
+        // A provider's block-move on the Cluster itself counts; handoff's own does not.
+        let theirs = [c("ns/a", true, Some(""))];
+        assert!(source_ready(&theirs, &[], "w").is_err());
+        assert_eq!(source_ready(&paused, &[], "w"), Ok(()));
+        // No Cluster in scope: nothing to wait for.
+        assert_eq!(source_ready(&[], &[], "w"), Ok(()));
+    }
+
+    #[test]
+    fn a_rerun_unpauses_only_what_clusterctl_paused() {
+        let r = MoveRecord {
+            paused_by_clusterctl: vec!["ns/a".into()],
+            ..record("Failed", Some(1))
+        };
+        let now = [
+            c("ns/a", true, None),
+            c("ns/b", true, None),
+            c("ns/c", false, None),
+        ];
+        let unpause = to_unpause(&r, &now);
+        assert_eq!(unpause, ["ns/a"]);
+        // The user's own paused Cluster still refuses the move, as clusterctl would.
+        assert_eq!(refuses(&now, &unpause), ["ns/b"]);
+    }
+
+    #[test]
+    fn clusterctl_gets_the_flags_it_was_given() {
+        let f = ClusterctlFlags {
+            kubeconfig: Some("/a".into()),
+            kubeconfig_context: None,
+            to_kubeconfig: "/b b".into(),
+            to_kubeconfig_context: Some("ctx".into()),
+            namespace: "clusters".into(),
+            dry_run: true,
+        };
+        let args: Vec<String> = clusterctl_args(&f)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "move",
+                "--kubeconfig",
+                "/a",
+                "--to-kubeconfig",
+                "/b b",
+                "--to-kubeconfig-context",
+                "ctx",
+                "--namespace",
+                "clusters",
+                "--dry-run"
+            ]
+        );
+        let line = command_line(&f, "move-clusters", std::path::Path::new("clusterctl"));
+        assert_eq!(
+            line,
+            "handoff move --kubeconfig /a --to-kubeconfig '/b b' --to-kubeconfig-context ctx --namespace clusters --window move-clusters"
+        );
+        let help = failure_help(
+            &f,
+            "move-clusters",
+            std::path::Path::new("clusterctl"),
+            "clusterctl move failed (exit 1)",
+        );
+        assert!(
+            command_line(&f, "w", std::path::Path::new("/opt/clusterctl"))
+                .ends_with("--window w --clusterctl /opt/clusterctl")
+        );
+        assert!(help.contains(&format!("finish the move: {line}")), "{help}");
+        assert!(
+            help.contains(&format!("undo the stop:   {line} --abort")),
+            "{help}"
+        );
+        assert!(
+            help.contains("kubectl --kubeconfig /a -n clusters get clusters"),
+            "{help}"
+        );
+    }
+}

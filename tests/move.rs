@@ -1,0 +1,448 @@
+//! `handoff move` around a clusterctl stand-in that follows mover.go
+//! (`tests/support/clusterctl_standin.py`), against two real kube-apiservers with Cluster API
+//! providers from `../shared/provider-standin`: core (Lease, fail-closed webhook for
+//! Clusters), Docker (Lease, marks its DockerClusters with block-move while their Cluster runs)
+//! and a bootstrap provider without leader election (Scale), in a network namespace of the
+//! test's own.
+//!
+//! Proves: the move completes; no controller of either cluster reconciles between the start
+//! and the end of the copy; every write of the copy passes the providers' fail-closed webhooks;
+//! the Docker provider lifts its own block-move after the pause; the target's controllers lead
+//! again before the source's; a move that fails halfway leaves both clusters stopped, and
+//! running it again finishes it; `--abort` restores; nothing of handoff is left.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+use serde_json::Value;
+use support::apiserver::{ADMIN, eventually, skip, text};
+use support::mgmt::{CLUSTER_WEBHOOK, Mgmt, WAIT};
+use support::providers::{DOCKERCLUSTERS, LeaseTiming, ProviderSpec, cluster, docker_cluster};
+
+const HELD_BY: &str = "handoff.dev/held-by-window";
+const BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
+const SAVED: &str = "handoff.dev/replicas-before-move";
+
+fn providers(with_bootstrap: bool, ip: [u8; 4]) -> Vec<ProviderSpec> {
+    let mut v = vec![
+        ProviderSpec::capi_core()
+            .replicas(2)
+            .lease(LeaseTiming::FAST)
+            .webhook_service("capi-webhook-service", ip.into()),
+        ProviderSpec::new(
+            "capd-system",
+            "capd-controller-manager",
+            "infrastructure-docker",
+        )
+        .leader_election(Some("controller-leader-election-capd"))
+        .lease(LeaseTiming::FAST)
+        .block_move(DOCKERCLUSTERS),
+    ];
+    if with_bootstrap {
+        v.push(
+            ProviderSpec::new(
+                "capi-kubeadm-bootstrap-system",
+                "capi-kubeadm-bootstrap-controller-manager",
+                "bootstrap-kubeadm",
+            )
+            .leader_election(None),
+        );
+    }
+    v
+}
+
+/// A workload cluster to move: a Cluster and its DockerCluster (owned by it).
+fn workload(m: &Mgmt, ns: &str) {
+    m.api.ok(ADMIN, &["create", "namespace", ns]);
+    let out = m.api.kubectl_stdin(
+        ADMIN,
+        &["create", "-f", "-"],
+        Some(&cluster(ns, "workload", false)),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let uid = m.get(&["-n", ns, "clusters.cluster.x-k8s.io", "workload"])["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut dc: Value = serde_json::from_str(&docker_cluster(ns, "workload")).expect("json");
+    dc["metadata"]["ownerReferences"] = serde_json::json!([{
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": "workload", "uid": uid
+    }]);
+    let out = m
+        .api
+        .kubectl_stdin(ADMIN, &["create", "-f", "-"], Some(&dc.to_string()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The Docker provider marks it while its Cluster runs.
+    eventually("the Docker provider's block-move", WAIT, || {
+        m.get(&[
+            "-n",
+            ns,
+            "dockerclusters.infrastructure.cluster.x-k8s.io",
+            "workload",
+        ])["metadata"]["annotations"]
+            .get(BLOCK_MOVE)
+            .map(|_| ())
+    });
+}
+
+fn standin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/clusterctl_standin.py")
+}
+
+/// `handoff move` as the operator, with `env` for the clusterctl stand-in.
+fn handoff_move(
+    source: &Mgmt,
+    target: &Mgmt,
+    ns: &str,
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
+    cmd.arg("move")
+        .arg("--kubeconfig")
+        .arg(source.operator_kubeconfig())
+        .arg("--to-kubeconfig")
+        .arg(target.operator_kubeconfig())
+        .args(["--namespace", ns])
+        .arg("--clusterctl")
+        .arg(standin())
+        .args(extra)
+        .env_remove("KUBECONFIG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("handoff move")
+}
+
+fn records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn event<'a>(records: &'a [Value], name: &str) -> &'a Value {
+    records
+        .iter()
+        .rev()
+        .find(|r| r["event"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {records:?}"))
+}
+
+/// Nothing of handoff is left in this cluster: no Lease held, no saved count, no block-move of
+/// handoff's, every window closed.
+fn nothing_left(m: &Mgmt, ns: &str) {
+    let held = m
+        .api
+        .ok(ADMIN, &["get", "leases", "-A", "-l", HELD_BY, "-o", "name"]);
+    assert!(
+        held.trim().is_empty(),
+        "{}: Leases still held: {held}",
+        m.label
+    );
+    let deps = m.get(&["deployments", "-A"]);
+    for d in deps["items"].as_array().unwrap() {
+        assert!(
+            d["metadata"]["annotations"].get(SAVED).is_none(),
+            "{}: {} keeps a saved count",
+            m.label,
+            d["metadata"]["name"]
+        );
+    }
+    for w in m.get(&["movewindows"])["items"].as_array().unwrap() {
+        assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", m.label);
+    }
+    if m.exists(&["-n", ns, "clusters.cluster.x-k8s.io", "workload"]) {
+        let c = m.get(&["-n", ns, "clusters.cluster.x-k8s.io", "workload"]);
+        let block = c["metadata"]["annotations"][BLOCK_MOVE]
+            .as_str()
+            .unwrap_or("");
+        assert!(!block.starts_with("handoff.dev/"), "{}: {c}", m.label);
+    }
+}
+
+/// While stopped: every Lease-stopped provider's Lease is held by the window, the Scale one at 0.
+fn stopped(m: &Mgmt, window: &str) {
+    for p in m
+        .providers
+        .iter()
+        .filter(|p| p.spec.leader_election_id.is_some())
+    {
+        let lease = m.get(&["-n", p.namespace(), "lease", p.lease_name()]);
+        assert_eq!(
+            lease["metadata"]["labels"][HELD_BY], window,
+            "{}: {lease}",
+            m.label
+        );
+        assert_eq!(
+            m.replicas(p.namespace(), p.name()),
+            i64::from(p.spec.replicas)
+        );
+    }
+    for p in m
+        .providers
+        .iter()
+        .filter(|p| p.spec.leader_election_id.is_none())
+    {
+        assert_eq!(m.replicas(p.namespace(), p.name()), 0, "{}", p.name());
+    }
+}
+
+#[test]
+fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
+    if skip()
+        || !support::netns::in_own_netns(
+            "handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back",
+        )
+    {
+        return;
+    }
+    let started = Instant::now();
+    let source = Mgmt::start("source", providers(true, [10, 0, 0, 20]));
+    let target = Mgmt::start("target", providers(false, [10, 0, 0, 21]));
+    workload(&source, "alpha");
+    workload(&source, "beta");
+    eprintln!("set up in {:.1}s", started.elapsed().as_secs_f64());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rec = dir.path().join("clusterctl.jsonl");
+    let env = |fail: Option<u32>| {
+        let mut v = vec![
+            ("CLUSTERCTL_STANDIN_RECORD", rec.display().to_string()),
+            ("CLUSTERCTL_STANDIN_CREATE_DELAY", "1.5".to_string()),
+        ];
+        if let Some(n) = fail {
+            v.push(("CLUSTERCTL_STANDIN_FAIL_AFTER_CREATES", n.to_string()));
+        }
+        v
+    };
+
+    // --dry-run: handoff's plan and clusterctl's dry run; nothing written.
+    let dry = handoff_move(&source, &target, "alpha", &["--dry-run"], &env(None));
+    let log = text(&dry.stderr) + &text(&dry.stdout);
+    assert!(dry.status.success(), "{log}");
+    assert!(
+        log.contains("would create MoveWindow move-alpha")
+            && log.contains("Lease: would hold controller-leader-election-capi")
+            && log.contains("Scale: would pin to 0 replicas")
+            && log.contains("Dry run: nothing was written"),
+        "{log}"
+    );
+    assert!(
+        !source.exists(&["movewindow", "move-alpha"])
+            && !target.exists(&["movewindow", "move-alpha"])
+    );
+
+    let _ = std::fs::remove_file(&rec);
+
+    // 1. A move that fails halfway (after the first create in the target).
+    let t = Instant::now();
+    let failed = handoff_move(&source, &target, "alpha", &[], &env(Some(1)));
+    let log = text(&failed.stderr) + &text(&failed.stdout);
+    eprintln!(
+        "a failing handoff move ({:.1}s):\n{log}",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(!failed.status.success(), "{log}");
+    for want in [
+        "injected failure",
+        "The controllers handoff stopped stay stopped",
+        "finish the move: handoff move",
+        "--abort",
+        "source Clusters it paused",
+    ] {
+        assert!(log.contains(want), "{want:?} missing:\n{log}");
+    }
+    stopped(&source, "move-alpha");
+    stopped(&target, "move-alpha");
+    let c = source.get(&["-n", "alpha", "clusters.cluster.x-k8s.io", "workload"]);
+    assert_eq!(c["spec"]["paused"], true, "clusterctl paused it: {c}");
+    assert!(
+        c["metadata"]["annotations"].get(BLOCK_MOVE).is_none(),
+        "{c}"
+    );
+    assert!(target.exists(&["-n", "alpha", "clusters.cluster.x-k8s.io", "workload"]));
+    let w = target.get(&["movewindow", "move-alpha"]);
+    assert_eq!(w["status"]["move"]["phase"], "Failed", "{w}");
+    assert_eq!(
+        w["status"]["move"]["pausedByClusterctl"][0], "alpha/workload",
+        "{w}"
+    );
+
+    // 2. The same command again finishes it.
+    let t = Instant::now();
+    let done = handoff_move(&source, &target, "alpha", &[], &env(None));
+    let took = t.elapsed();
+    let log = text(&done.stderr) + &text(&done.stdout);
+    eprintln!("handoff move again ({:.1}s):\n{log}", took.as_secs_f64());
+    assert!(done.status.success(), "{log}");
+    for want in [
+        "resuming the move recorded in MoveWindow move-alpha",
+        "source: unpaused Cluster alpha/workload (clusterctl paused it)",
+        "stopping the source's controllers",
+        "lifted handoff's clusterctl.cluster.x-k8s.io/block-move from alpha/workload",
+        "namespace alpha moved",
+    ] {
+        assert!(log.contains(want), "{want:?} missing:\n{log}");
+    }
+    let target_back = log
+        .find("the target's controllers run again")
+        .expect("target restored");
+    let source_back = log
+        .find("restoring the source's controllers")
+        .expect("source restored");
+    assert!(target_back < source_back, "the target's first:\n{log}");
+    // clusterctl's view, on the first attempt: the Docker provider's block-move was there at
+    // discovery, and clusterctl waited until the provider itself lifted it, after the pause,
+    // with its controllers still running. (On the re-run the provider marks its DockerCluster
+    // again once its Cluster is unpaused, maybe after clusterctl's discovery: then handoff's
+    // own wait covers it.) handoff's block-move on the Cluster was seen every time.
+    let r = records(&rec);
+    let first_blocking = r
+        .iter()
+        .find(|e| e["event"] == "discovered")
+        .map(|e| e["blocking"].clone())
+        .unwrap();
+    assert!(
+        first_blocking
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b == "DockerCluster workload"),
+        "{first_blocking}"
+    );
+    assert!(
+        r.iter()
+            .any(|e| e["event"] == "unblocked" && e["object"] == "DockerCluster workload"),
+        "{r:?}"
+    );
+    for d in r.iter().filter(|e| e["event"] == "discovered") {
+        assert!(
+            d["blocking"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|b| b == "Cluster workload"),
+            "handoff's block-move was seen at discovery: {d}"
+        );
+    }
+    // No controller of either cluster reconciled between the start and the end of the copy.
+    let (start, end) = (event(&r, "copy-start"), event(&r, "copy-end"));
+    assert_eq!(
+        start["reconciles"], end["reconciles"],
+        "reconciled during the copy"
+    );
+    assert!(end["t"].as_f64().unwrap() - start["t"].as_f64().unwrap() >= 2.0);
+    // Nothing handoff's was copied.
+    for created in r.iter().filter(|e| e["event"] == "created") {
+        let ann = &created["annotations"];
+        let block = ann[BLOCK_MOVE].as_str().unwrap_or("");
+        assert!(!block.starts_with("handoff.dev/"), "{created}");
+    }
+    // The move: in the target, gone from the source, and the target's Cluster running.
+    let moved = target.get(&["-n", "alpha", "clusters.cluster.x-k8s.io", "workload"]);
+    assert_eq!(moved["spec"]["paused"], false, "{moved}");
+    assert!(target.exists(&[
+        "-n",
+        "alpha",
+        "dockerclusters.infrastructure.cluster.x-k8s.io",
+        "workload"
+    ]));
+    eventually("the source's copies deleted", WAIT, || {
+        (!source.exists(&["-n", "alpha", "clusters.cluster.x-k8s.io", "workload"])).then_some(())
+    });
+    // Every write went through the providers' webhooks of the cluster written to.
+    for m in [&source, &target] {
+        assert!(
+            m.providers[0].webhook_requests(&m.api) > 0,
+            "{}: {CLUSTER_WEBHOOK} never called",
+            m.label
+        );
+        nothing_left(m, "alpha");
+        for p in &m.providers {
+            m.rising(p);
+        }
+    }
+
+    // 3. A move interrupted during the copy (Ctrl-C: SIGINT to handoff, which passes it to
+    // clusterctl), then --abort: every controller back, the source's first.
+    let _ = std::fs::remove_file(&rec);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
+    cmd.arg("move")
+        .arg("--kubeconfig")
+        .arg(source.operator_kubeconfig())
+        .arg("--to-kubeconfig")
+        .arg(target.operator_kubeconfig())
+        .args(["--namespace", "beta", "--clusterctl"])
+        .arg(standin())
+        .env_remove("KUBECONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env(None) {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("handoff move");
+    eventually("the copy to start", WAIT, || {
+        records(&rec)
+            .iter()
+            .any(|r| r["event"] == "copy-start")
+            .then_some(())
+    });
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let interrupted = child.wait_with_output().expect("handoff move");
+    let log = text(&interrupted.stderr) + &text(&interrupted.stdout);
+    eprintln!("an interrupted handoff move:\n{log}");
+    assert!(!interrupted.status.success(), "{log}");
+    assert!(
+        log.contains("interrupted; passing SIGINT to clusterctl")
+            && log.contains("handoff was interrupted and passed the signal on")
+            && log.contains("finish the move:"),
+        "{log}"
+    );
+    assert!(
+        records(&rec).iter().all(|r| r["event"] != "done"),
+        "clusterctl did not stop"
+    );
+    stopped(&source, "move-beta");
+    stopped(&target, "move-beta");
+    let abort = handoff_move(&source, &target, "beta", &["--abort"], &env(None));
+    let log = text(&abort.stderr) + &text(&abort.stdout);
+    eprintln!("handoff move --abort:\n{log}");
+    assert!(abort.status.success(), "{log}");
+    let source_back = log
+        .find("the source's controllers run again")
+        .expect("source");
+    let target_back = log
+        .find("the target's controllers run again")
+        .expect("target");
+    assert!(
+        source_back < target_back,
+        "the source's first on abort:\n{log}"
+    );
+    assert!(
+        log.contains("source Clusters still paused: beta/workload")
+            && log.contains("Clusters in the target's namespace beta: "),
+        "{log}"
+    );
+    for m in [&source, &target] {
+        nothing_left(m, "beta");
+        for p in &m.providers {
+            m.rising(p);
+        }
+    }
+    assert_eq!(
+        target.get(&["movewindow", "move-beta"])["status"]["move"]["phase"],
+        "Aborted"
+    );
+    eprintln!(
+        "timings: the whole test {:.1}s; the finishing move {:.1}s",
+        started.elapsed().as_secs_f64(),
+        took.as_secs_f64()
+    );
+}
