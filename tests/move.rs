@@ -206,6 +206,7 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     let target = Mgmt::start("target", providers(false, [10, 0, 0, 21]));
     workload(&source, "alpha");
     workload(&source, "beta");
+    workload(&source, "gamma");
     eprintln!("set up in {:.1}s", started.elapsed().as_secs_f64());
     let dir = tempfile::tempdir().expect("temp dir");
     let rec = dir.path().join("clusterctl.jsonl");
@@ -367,7 +368,26 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
         }
     }
 
-    // 3. A move interrupted during the copy (Ctrl-C: SIGINT to handoff, which passes it to
+    // 3. A move that just works, start to end (its phases are BENCHMARKS.md's figures).
+    let t = Instant::now();
+    let plain = handoff_move(&source, &target, "gamma", &[], &env(None));
+    let took_plain = t.elapsed();
+    let log = text(&plain.stderr);
+    eprintln!(
+        "a plain handoff move ({:.1}s):\n{log}",
+        took_plain.as_secs_f64()
+    );
+    assert!(plain.status.success(), "{log}");
+    assert!(
+        !log.contains("resuming") && log.contains("namespace gamma moved"),
+        "{log}"
+    );
+    assert!(target.exists(&["-n", "gamma", "clusters.cluster.x-k8s.io", "workload"]));
+    for m in [&source, &target] {
+        nothing_left(m, "gamma");
+    }
+
+    // 4. A move interrupted during the copy (Ctrl-C: SIGINT to handoff, which passes it to
     // clusterctl), then --abort: every controller back, the source's first.
     let _ = std::fs::remove_file(&rec);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
@@ -440,6 +460,7 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
         target.get(&["movewindow", "move-beta"])["status"]["move"]["phase"],
         "Aborted"
     );
+    eprintln!("timings: a plain move {:.1}s", took_plain.as_secs_f64());
     eprintln!(
         "timings: the whole test {:.1}s; the finishing move {:.1}s",
         started.elapsed().as_secs_f64(),
