@@ -15,111 +15,37 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::apiserver::{ADMIN, ApiServer, HANDOFF_USER, Handoff, NOBODY, skip, text};
-use support::providers::{
-    LeaseTiming, Provider, ProviderSpec, cluster, holder_pod, install_capi_crds, webhook_rule,
-};
+use support::apiserver::{ADMIN, ApiServer, NOBODY, skip, text};
+use support::mgmt::{BOB, Mgmt, PROVIDER_SA};
+use support::providers::{LeaseTiming, Provider, ProviderSpec, cluster, holder_pod};
 
 const WAIT: Duration = Duration::from_secs(90);
 const WINDOW: &str = "capi-move";
 const HELD_BY: &str = "handoff.dev/held-by-window";
 const OPERATOR: &str = "handoff.dev/window-operator";
-const WEBHOOK: &str = "validation.cluster.cluster.x-k8s.io";
-/// A cluster admin who is not the window's operator.
-const BOB: &str = "bob";
-/// What the provider's own replicas authenticate as.
-const PROVIDER_SA: &str = "system:serviceaccount:capi-system:capi-manager";
 
-/// One management cluster: an API server, handoff serving both webhooks and registered with
-/// the project's local overlay, Cluster API core (Lease) and CAPD (no leader election).
-struct Mgmt {
-    api: ApiServer,
-    _handoff: Handoff,
-    capi: Provider,
-    capd: Option<Provider>,
-}
-
-fn management_cluster(label: &str, capi_ip: [u8; 4], with_capd: bool) -> Mgmt {
-    let api = ApiServer::start();
-    grant(&api);
-    let mut handoff = Handoff::start(&api, HANDOFF_USER, &[]);
-    handoff.register(&api);
-    handoff.wait_ready();
-    install_capi_crds(&api);
-    let capi = Provider::start(
-        &api,
+/// A management cluster: Cluster API core (Lease, serving a fail-closed webhook for Clusters
+/// through its Service) and, with `with_capd`, CAPD without leader election (Scale).
+fn management_cluster(label: &'static str, capi_ip: [u8; 4], with_capd: bool) -> Mgmt {
+    let mut specs = vec![
         ProviderSpec::capi_core()
             .replicas(2)
             .lease(LeaseTiming::FAST)
             .webhook_service("capi-webhook-service", capi_ip.into()),
-    );
-    let capd = with_capd.then(|| {
-        Provider::start(
-            &api,
+    ];
+    if with_capd {
+        specs.push(
             ProviderSpec::new(
                 "capd-system",
                 "capd-controller-manager",
                 "infrastructure-docker",
             )
             .leader_election(None),
-        )
-    });
-    capi.register_webhook(
-        &api,
-        WEBHOOK,
-        &[webhook_rule(
-            "cluster.x-k8s.io",
-            "v1beta2",
-            "clusters",
-            &["CREATE", "UPDATE"],
-        )],
-    );
-    api.ok(ADMIN, &["create", "namespace", "clusters"]);
-    capi.until_webhook_called(&api, WAIT, |i| {
-        let out = create_cluster(&api, &format!("{label}-probe-{i}"));
-        assert!(out.status.success(), "{label}: {}", text(&out.stderr));
-    });
-    capi.wait_leader(&api, WAIT);
-    Mgmt {
-        api,
-        _handoff: handoff,
-        capi,
-        capd,
-    }
-}
-
-/// handoff's own RBAC from the base manifests; the operator (`nobody`) gets exactly what the
-/// README tells an admin to bind: `handoff-window-operator` cluster-wide and
-/// `handoff-window-operator-leases` in the providers' namespaces; bob and the provider's
-/// ServiceAccount are cluster admins, so that only admission can refuse them.
-fn grant(api: &ApiServer) {
-    let rbac = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base/rbac.yaml"),
-    )
-    .expect("rbac.yaml");
-    api.ok(ADMIN, &["create", "namespace", "handoff-system"]);
-    let out = api.kubectl_stdin(
-        ADMIN,
-        &["apply", "-n", "handoff-system", "-f", "-"],
-        Some(&rbac),
-    );
-    assert!(out.status.success(), "rbac: {}", text(&out.stderr));
-    let bind = |name: &str, role: &str, user: &str| {
-        format!(
-            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: {name}\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: {role}\nsubjects:\n- kind: User\n  name: {user}\n"
-        )
-    };
-    for role in ["handoff-guard", "handoff-pin"] {
-        api.apply(&bind(&format!("test-{role}"), role, HANDOFF_USER));
-    }
-    api.apply(&bind("move-operator", "handoff-window-operator", NOBODY));
-    api.apply(&bind("bob", "cluster-admin", BOB));
-    api.apply(&bind("capi-manager", "cluster-admin", PROVIDER_SA));
-    for ns in ["capi-system", "capd-system"] {
-        api.apply(
-            &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: move-operator-leases\n  namespace: {ns}\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: handoff-window-operator-leases\nsubjects:\n- kind: User\n  name: {NOBODY}\n"),
         );
     }
+    let m = Mgmt::start(label, specs);
+    m.api.ok(ADMIN, &["create", "namespace", "clusters"]);
+    m
 }
 
 #[test]
@@ -138,7 +64,7 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
         "two clusters up after {:.1}s",
         started.elapsed().as_secs_f64()
     );
-    let capd = source.capd.as_ref().expect("capd");
+    let capd = source.provider("capd-controller-manager");
     // The in-API-server policies on the source: the held Lease must hold there without the
     // webhook, and the pin's policy must leave a Lease-stopped controller alone.
     let out = handoff(&source.api, ADMIN, &["policy", "install"]);
@@ -175,10 +101,10 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
     assert!(!exists(&source.api, &["movewindow", WINDOW]));
 
     // Before: both providers reconcile and lead.
-    let source_holder = source.capi.wait_leader(&source.api, WAIT);
-    let target_holder = target.capi.wait_leader(&target.api, WAIT);
-    rising(&source.api, &source.capi);
-    rising(&target.api, &target.capi);
+    let source_holder = source.capi().wait_leader(&source.api, WAIT);
+    let target_holder = target.capi().wait_leader(&target.api, WAIT);
+    rising(&source.api, source.capi());
+    rising(&target.api, target.capi());
     rising(&source.api, capd);
 
     // Open, as the operator, without --allow-webhook-outage.
@@ -259,21 +185,21 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
     // During the window: no reconciler runs anywhere, for longer than a lease duration, while
     // the former leaders restart (exit 1 on lost leadership) and wait as candidates.
     let counts = [
-        source.capi.reconciles(&source.api),
-        target.capi.reconciles(&target.api),
+        source.capi().reconciles(&source.api),
+        target.capi().reconciles(&target.api),
     ];
     capd.wait_replicas(&source.api, 0, WAIT);
     let capd_count = capd.reconciles(&source.api);
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(
         [
-            source.capi.reconciles(&source.api),
-            target.capi.reconciles(&target.api)
+            source.capi().reconciles(&source.api),
+            target.capi().reconciles(&target.api)
         ],
         counts,
         "a provider reconciled while its Lease was held:\n{}\n{}",
-        source.capi.logs(),
-        target.capi.logs()
+        source.capi().logs(),
+        target.capi().logs()
     );
     assert_eq!(capd.reconciles(&source.api), capd_count);
     // Open again: every step already done, the proof counted from the first take-over.
@@ -290,12 +216,12 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
     );
     // ... and every write through the providers' fail-closed webhooks passes, in both clusters.
     for (m, name) in [(&source, "moved-a"), (&target, "moved-b")] {
-        let before = m.capi.webhook_requests(&m.api);
+        let before = m.capi().webhook_requests(&m.api);
         let out = create_cluster(&m.api, name);
         assert!(out.status.success(), "create {name}: {}", text(&out.stderr));
-        assert!(m.capi.webhook_requests(&m.api) > before);
+        assert!(m.capi().webhook_requests(&m.api) > before);
         assert_eq!(
-            m.capi.pods(&m.api).len(),
+            m.capi().pods(&m.api).len(),
             2,
             "the Lease-stopped provider keeps its replicas"
         );
@@ -487,7 +413,7 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
             lease["metadata"]["annotations"].get(OPERATOR).is_none(),
             "{lease}"
         );
-        rising(&m.api, &m.capi);
+        rising(&m.api, m.capi());
         assert_eq!(
             get(&m.api, &["movewindow", WINDOW])["status"]["phase"],
             "Closed"
@@ -546,7 +472,7 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
     let close = handoff(&target.api, NOBODY, &["window", "close", "again"]);
     let log = text(&close.stderr);
     assert!(close.status.success() && log.contains("is closed"), "{log}");
-    target.capi.wait_leader(&target.api, WAIT);
+    target.capi().wait_leader(&target.api, WAIT);
 
     // The Scale strategy's figures, for comparison (webhooks down meanwhile).
     let t = Instant::now();
@@ -568,8 +494,8 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
     assert!(close.status.success(), "{}", text(&close.stderr));
     let scale_close_returned = t.elapsed();
     for m in [&source, &target] {
-        m.capi.wait_leader(&m.api, WAIT);
-        rising(&m.api, &m.capi);
+        m.capi().wait_leader(&m.api, WAIT);
+        rising(&m.api, m.capi());
     }
     let scale_close_took = t.elapsed();
     eprintln!(

@@ -79,6 +79,11 @@ impl Mgmt {
         }
     }
 
+    /// The first provider: Cluster API core, serving the Clusters webhook.
+    pub fn capi(&self) -> &Provider {
+        &self.providers[0]
+    }
+
     pub fn provider(&self, name: &str) -> &Provider {
         self.providers
             .iter()
