@@ -127,6 +127,10 @@ pub struct MoveRecord {
     pub started_at: Option<String>,
     #[serde(default)]
     pub attempts: i32,
+    /// Source Clusters (`namespace/name`) in scope when the move started; none was paused
+    /// then (a move refuses to start otherwise), so one paused since was paused by clusterctl.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<String>,
     /// Source Clusters (`namespace/name`) that carry handoff's block-move now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub block_move: Vec<String>,

@@ -89,12 +89,17 @@ pub fn refuses(clusters: &[ClusterSeen], will_unpause: &[String]) -> Vec<String>
         .collect()
 }
 
-/// On a re-run: the Clusters to unpause, those that were running when the move started and
-/// that clusterctl paused (paused now).
+/// On a re-run: the Clusters to unpause, those that clusterctl paused: handoff saw it pause
+/// them, or they were running when the move started (handoff died before it saw the pause;
+/// clusterctl dies with handoff) and are paused now.
 pub fn to_unpause(record: &MoveRecord, clusters: &[ClusterSeen]) -> Vec<String> {
     clusters
         .iter()
-        .filter(|c| c.paused && record.paused_by_clusterctl.contains(&c.key))
+        .filter(|c| {
+            c.paused
+                && (record.paused_by_clusterctl.contains(&c.key)
+                    || record.clusters.contains(&c.key))
+        })
         .map(|c| c.key.clone())
         .collect()
 }

@@ -332,6 +332,7 @@ pub async fn run(
         .collect();
     note(target, &opts.window, |m| {
         m.phase = "Moving".into();
+        m.clusters = unpaused.clone();
         m.block_move = add.clone();
     })
     .await?;
@@ -539,6 +540,17 @@ async fn run_clusterctl(
         // once, instead of reaching both.
         .process_group(0)
         .kill_on_drop(false);
+    // And it dies with handoff (SIGTERM when handoff's spawning thread ends, a kill -9
+    // included): a clusterctl left running would copy behind a re-run's back.
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd.spawn().map_err(|e| WindowError::Refused {
         cluster: source.label.clone(),
         message: format!(
