@@ -481,6 +481,13 @@ async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
         client_and_namespace(Some(&a.to_kubeconfig), a.to_kubeconfig_context.as_deref())
             .await
             .context("--to-kubeconfig (the target)")?;
+    // The proof that a Scale-stopped source controller is stopped is its pods gone: a move
+    // never skips it.
+    if a.wait_timeout.is_zero() {
+        anyhow::bail!(
+            "--wait-timeout must be more than 0 for a move: the source's pinned controllers must be proven gone before clusterctl copies"
+        );
+    }
     let namespace = a.namespace.unwrap_or(source_ns);
     let name = a.window.unwrap_or_else(|| format!("move-{namespace}"));
     let opts = window::MoveOptions {

@@ -207,6 +207,7 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     workload(&source, "alpha");
     workload(&source, "beta");
     workload(&source, "gamma");
+    workload(&source, "delta");
     eprintln!("set up in {:.1}s", started.elapsed().as_secs_f64());
     let dir = tempfile::tempdir().expect("temp dir");
     let rec = dir.path().join("clusterctl.jsonl");
@@ -387,7 +388,45 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
         nothing_left(m, "gamma");
     }
 
-    // 4. A move interrupted during the copy (Ctrl-C: SIGINT to handoff, which passes it to
+    // 4. A move that fails once clusterctl has begun deleting from the source: restarting the
+    // source's controllers then would re-create what was deleted, so the re-run keeps the
+    // source stopped and lets clusterctl finish.
+    let mut fail_deletes = env(None);
+    fail_deletes.push(("CLUSTERCTL_STANDIN_FAIL_AFTER_DELETES", "1".into()));
+    let failed = handoff_move(&source, &target, "delta", &[], &fail_deletes);
+    assert!(!failed.status.success(), "{}", text(&failed.stderr));
+    stopped(&source, "move-delta");
+    stopped(&target, "move-delta");
+    let held = source.capi().reconciles(&source.api);
+    let finish = handoff_move(&source, &target, "delta", &[], &env(None));
+    let log = text(&finish.stderr);
+    eprintln!("handoff move after deletes had begun:\n{log}");
+    assert!(finish.status.success(), "{log}");
+    assert!(
+        log.contains("clusterctl had begun deleting from the source, so the source's controllers stay stopped")
+            && !log.contains("the source runs again"),
+        "{log}"
+    );
+    let r = records(&rec);
+    assert_eq!(
+        event(&r, "copy-start")["reconciles"]["source"]["capi-system/controller-leader-election-capi-reconciles"],
+        serde_json::json!(held),
+        "the source reconciled before the copy finished"
+    );
+    assert!(target.exists(&[
+        "-n",
+        "delta",
+        "dockerclusters.infrastructure.cluster.x-k8s.io",
+        "workload"
+    ]));
+    eventually("delta gone from the source", WAIT, || {
+        (!source.exists(&["-n", "delta", "clusters.cluster.x-k8s.io", "workload"])).then_some(())
+    });
+    for m in [&source, &target] {
+        nothing_left(m, "delta");
+    }
+
+    // 5. A move interrupted during the copy (Ctrl-C: SIGINT to handoff, which passes it to
     // clusterctl), then --abort: every controller back, the source's first.
     let _ = std::fs::remove_file(&rec);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));

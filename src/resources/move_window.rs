@@ -131,6 +131,10 @@ pub struct MoveRecord {
     /// then (a move refuses to start otherwise), so one paused since was paused by clusterctl.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<String>,
+    /// Source ClusterClasses (`namespace/name`) of the namespace, none paused then;
+    /// clusterctl pauses them too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_classes: Vec<String>,
     /// Source Clusters (`namespace/name`) that carry handoff's block-move now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub block_move: Vec<String>,

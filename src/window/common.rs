@@ -142,7 +142,12 @@ pub async fn record(
             for field in ["startedAt", "clusterctlExit", "error"] {
                 m.entry(field).or_insert(serde_json::Value::Null);
             }
-            for field in ["clusters", "blockMove", "pausedByClusterctl"] {
+            for field in [
+                "clusters",
+                "clusterClasses",
+                "blockMove",
+                "pausedByClusterctl",
+            ] {
                 m.entry(field).or_insert(json!([]));
             }
         }

@@ -43,8 +43,18 @@ pub enum Start {
     /// No move recorded, or the last one ended (done or aborted): a new move.
     Fresh,
     /// A move that did not finish before clusterctl succeeded (it failed, was interrupted,
-    /// or handoff died): put the source back as clusterctl expects it, then move again.
+    /// or handoff died) and had deleted nothing from the source: put the source back as
+    /// clusterctl expects it (running, unpaused, handoff's block-move on), then move again.
     Resume,
+    /// Such a move after clusterctl had begun deleting from the source: restarting the
+    /// source's controllers would re-create what was deleted (a MachineSet whose Machines are
+    /// gone makes new ones). The source stays stopped; its Clusters are unpaused (nothing
+    /// reconciles them) so that clusterctl starts, and clusterctl finishes the copy and the
+    /// deletes.
+    ResumeStopped,
+    /// Everything was copied and deleted, and clusterctl did not unpause the target (its
+    /// last step): unpause the target's Clusters, then restore.
+    FinishTarget,
     /// clusterctl succeeded and the restore did not finish: restore only.
     RestoreOnly,
 }
@@ -55,6 +65,12 @@ pub fn start(record: Option<&MoveRecord>, namespace: &str) -> Result<Start, Stri
     };
     if matches!(r.phase.as_str(), "Done" | "Aborted") {
         return Ok(Start::Fresh);
+    }
+    if r.phase == "Aborting" {
+        return Err(format!(
+            "an --abort of the move of namespace {:?} did not finish; run it again with --abort",
+            r.namespace
+        ));
     }
     if r.namespace != namespace {
         return Err(format!(
@@ -68,38 +84,62 @@ pub fn start(record: Option<&MoveRecord>, namespace: &str) -> Result<Start, Stri
     })
 }
 
-/// The Clusters handoff puts its block-move on: every Cluster in scope that carries none (a
-/// block-move that is not handoff's, a provider's, stays as it is, untouched).
-pub fn add_block_move(clusters: &[ClusterSeen], window: &str) -> Vec<String> {
+/// A resumed move, refined by what the clusters hold now: whether clusterctl had begun deleting
+/// from the source (an object marked `delete-for-move` or being deleted, or a Cluster of the
+/// move's start gone from the source and present in the target).
+pub fn resume(
+    record: &MoveRecord,
+    source: &[ClusterSeen],
+    target: &[ClusterSeen],
+    deleting: bool,
+) -> Start {
+    let in_source = |k: &String| source.iter().any(|c| &c.key == k);
+    let in_target = |k: &String| target.iter().any(|c| &c.key == k);
+    let moved: Vec<&String> = record
+        .clusters
+        .iter()
+        .filter(|k| !in_source(k) && in_target(k))
+        .collect();
+    if !record.clusters.is_empty() && moved.len() == record.clusters.len() && !deleting {
+        return Start::FinishTarget;
+    }
+    if deleting || !moved.is_empty() {
+        return Start::ResumeStopped;
+    }
+    Start::Resume
+}
+
+/// The Clusters handoff puts its block-move on: every Cluster in scope. `Err` when nothing
+/// would hold clusterctl until the source is stopped: no Cluster in scope, or one that already
+/// carries a block-move that is not handoff's (a provider's: it lifts it after the pause, on
+/// its own time, and handoff leaves it alone).
+pub fn add_block_move(clusters: &[ClusterSeen], window: &str) -> Result<Vec<String>, String> {
     let ours = block_move_value(window);
-    clusters
+    if clusters.is_empty() {
+        return Err(
+            "the namespace holds no Cluster, so nothing would hold clusterctl until the source's controllers are stopped; check --namespace".into(),
+        );
+    }
+    let foreign: Vec<&str> = clusters
         .iter()
-        .filter(|c| c.block_move.is_none() || c.block_move.as_deref() == Some(&ours))
-        .map(|c| c.key.clone())
-        .collect()
+        .filter(|c| c.block_move.as_deref().is_some_and(|v| v != ours))
+        .map(|c| c.key.as_str())
+        .collect();
+    if !foreign.is_empty() {
+        return Err(format!(
+            "Cluster {} already carries a {BLOCK_MOVE} that is not handoff's, which its owner lifts on its own time, so handoff's could not hold clusterctl until the source's controllers are stopped; remove it, or move by hand (handoff window open/close)",
+            foreign.join(", ")
+        ));
+    }
+    Ok(clusters.iter().map(|c| c.key.clone()).collect())
 }
 
-/// Paused Clusters that refuse a new move (clusterctl v1.12+ refuses to start), unless a
-/// re-run will unpause them because clusterctl paused them.
-pub fn refuses(clusters: &[ClusterSeen], will_unpause: &[String]) -> Vec<String> {
-    clusters
-        .iter()
-        .filter(|c| c.paused && !will_unpause.contains(&c.key))
-        .map(|c| c.key.clone())
-        .collect()
-}
-
-/// On a re-run: the Clusters to unpause, those that clusterctl paused: handoff saw it pause
-/// them, or they were running when the move started (handoff died before it saw the pause;
-/// clusterctl dies with handoff) and are paused now.
-pub fn to_unpause(record: &MoveRecord, clusters: &[ClusterSeen]) -> Vec<String> {
-    clusters
-        .iter()
-        .filter(|c| {
-            c.paused
-                && (record.paused_by_clusterctl.contains(&c.key)
-                    || record.clusters.contains(&c.key))
-        })
+/// On a re-run: the Clusters (or ClusterClasses) to unpause, those clusterctl paused: handoff
+/// saw it pause them, or they were running when the move started (handoff died before it saw
+/// the pause; clusterctl dies with handoff) and are paused now.
+pub fn to_unpause(seen_paused: &[String], at_start: &[String], now: &[ClusterSeen]) -> Vec<String> {
+    now.iter()
+        .filter(|c| c.paused && (seen_paused.contains(&c.key) || at_start.contains(&c.key)))
         .map(|c| c.key.clone())
         .collect()
 }
@@ -176,17 +216,20 @@ pub fn clusterctl_args(f: &ClusterctlFlags) -> Vec<OsString> {
     a
 }
 
+/// A word for a POSIX shell, quoted where it must be.
+fn q(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
 /// The same `handoff move` again, for the messages.
 pub fn command_line(f: &ClusterctlFlags, window: &str, clusterctl: &std::path::Path) -> String {
-    let q = |s: &str| {
-        if s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@".contains(c))
-        {
-            s.to_string()
-        } else {
-            format!("'{}'", s.replace('\'', r"'\''"))
-        }
-    };
     let mut s = String::from("handoff move");
     if let Some(k) = &f.kubeconfig {
         s.push_str(&format!(" --kubeconfig {}", q(&k.to_string_lossy())));
@@ -224,16 +267,16 @@ pub fn failure_help(
     let kc = |k: Option<&PathBuf>, ctx: Option<&String>| {
         let mut s = String::from("kubectl");
         if let Some(k) = k {
-            s.push_str(&format!(" --kubeconfig {}", k.to_string_lossy()));
+            s.push_str(&format!(" --kubeconfig {}", q(&k.to_string_lossy())));
         }
         if let Some(c) = ctx {
-            s.push_str(&format!(" --context {c}"));
+            s.push_str(&format!(" --context {}", q(c)));
         }
         s
     };
     let source = kc(f.kubeconfig.as_ref(), f.kubeconfig_context.as_ref());
     let target = kc(Some(&f.to_kubeconfig), f.to_kubeconfig_context.as_ref());
-    let ns = &f.namespace;
+    let ns = q(&f.namespace);
     format!(
         "{what}\n\
          The controllers handoff stopped stay stopped, and MoveWindow {window} stays open, in both clusters (handoff window status --source … --target … shows them). handoff's block-move is off every Cluster.\n\
@@ -303,14 +346,38 @@ mod tests {
     }
 
     #[test]
+    fn a_resume_after_deletes_keeps_the_source_stopped() {
+        let r = MoveRecord {
+            clusters: vec!["ns/a".into(), "ns/b".into()],
+            ..record("Failed", Some(1))
+        };
+        let both = [c("ns/a", true, None), c("ns/b", true, None)];
+        // Nothing deleted yet: the source runs again for the re-run.
+        assert_eq!(
+            resume(&r, &both, &[c("ns/a", true, None)], false),
+            Start::Resume
+        );
+        // An object marked for deletion, or a Cluster already gone from the source.
+        assert_eq!(resume(&r, &both, &both, true), Start::ResumeStopped);
+        assert_eq!(
+            resume(&r, &[c("ns/b", true, None)], &both, false),
+            Start::ResumeStopped
+        );
+        // Everything is in the target and gone from the source: only the target's unpause
+        // (clusterctl's last step) and the restore are left.
+        assert_eq!(resume(&r, &[], &both, false), Start::FinishTarget);
+        assert_eq!(resume(&r, &[], &both, true), Start::ResumeStopped);
+    }
+
+    #[test]
     fn block_move_is_added_only_where_nobody_else_holds_one() {
         let ours = block_move_value("w");
-        let clusters = [
-            c("ns/a", false, None),
-            c("ns/b", false, Some("")),
-            c("ns/c", false, Some(&ours)),
-        ];
-        assert_eq!(add_block_move(&clusters, "w"), ["ns/a", "ns/c"]);
+        let clusters = [c("ns/a", false, None), c("ns/c", false, Some(&ours))];
+        assert_eq!(add_block_move(&clusters, "w").unwrap(), ["ns/a", "ns/c"]);
+        // A provider's own block-move on a Cluster: nothing of handoff's would hold clusterctl.
+        let theirs = [c("ns/a", false, None), c("ns/b", false, Some(""))];
+        assert!(add_block_move(&theirs, "w").unwrap_err().contains("ns/b"));
+        assert!(add_block_move(&[], "w").unwrap_err().contains("no Cluster"));
     }
 
     #[test]
@@ -343,11 +410,19 @@ mod tests {
             c("ns/a", true, None),
             c("ns/b", true, None),
             c("ns/c", false, None),
+            c("ns/d", true, None),
         ];
-        let unpause = to_unpause(&r, &now);
-        assert_eq!(unpause, ["ns/a"]);
-        // The user's own paused Cluster still refuses the move, as clusterctl would.
-        assert_eq!(refuses(&now, &unpause), ["ns/b"]);
+        assert_eq!(
+            to_unpause(&r.paused_by_clusterctl, &r.clusters, &now),
+            ["ns/a"]
+        );
+        // handoff died before it saw the pause: the Clusters of the move's start count; the
+        // user's own paused Cluster (ns/b) stays paused, and refuses the move as clusterctl would.
+        let at_start = ["ns/d".to_string(), "ns/c".to_string()];
+        assert_eq!(
+            to_unpause(&r.paused_by_clusterctl, &at_start, &now),
+            ["ns/a", "ns/d"]
+        );
     }
 
     #[test]

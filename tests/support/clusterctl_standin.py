@@ -25,6 +25,8 @@ kubectl, against real API servers:
 For tests, from the environment:
   CLUSTERCTL_STANDIN_FAIL_AFTER_CREATES=N  exit 1 after the N-th create (a move that fails
                                            halfway)
+  CLUSTERCTL_STANDIN_FAIL_AFTER_DELETES=N  exit 1 after the N-th delete from the source (a move
+                                           that fails once deletes have begun)
   CLUSTERCTL_STANDIN_CREATE_DELAY=S        sleep S seconds after each create (a copy that
                                            takes a while)
   CLUSTERCTL_STANDIN_RECORD=FILE           append JSON lines: each step, with the count of
@@ -60,6 +62,7 @@ signal.signal(signal.SIGINT, interrupted)
 signal.signal(signal.SIGTERM, interrupted)
 
 fail_after = int(os.environ.get('CLUSTERCTL_STANDIN_FAIL_AFTER_CREATES', '0') or 0)
+fail_after_deletes = int(os.environ.get('CLUSTERCTL_STANDIN_FAIL_AFTER_DELETES', '0') or 0)
 create_delay = float(os.environ.get('CLUSTERCTL_STANDIN_CREATE_DELAY', '0') or 0)
 record_path = os.environ.get('CLUSTERCTL_STANDIN_RECORD', '')
 
@@ -283,6 +286,10 @@ for group in reversed(groups):
         except RuntimeError as e:
             fail(str(e))
         record('deleted', object=f"{n['kind']} {name}")
+        deleted = globals().get('deleted', 0) + 1
+        globals()['deleted'] = deleted
+        if fail_after_deletes and deleted >= fail_after_deletes:
+            fail(f"error deleting the next object (injected failure after {deleted} deletes)")
 
 # ---- unpause the target ----
 log("Resuming the target cluster")

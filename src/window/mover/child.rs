@@ -1,0 +1,147 @@
+//! clusterctl as a child process, and the signals `handoff move` passes on to it.
+
+use std::path::Path;
+
+use tokio::sync::watch;
+
+use super::super::common::{Cluster, Result, WindowError};
+use super::super::move_plan::{self, ClusterctlFlags};
+
+/// SIGINT and SIGTERM, caught from the moment a move may write until clusterctl is done, so
+/// that they reach clusterctl first and handoff then leaves everything said and recorded.
+pub struct Signals {
+    rx: watch::Receiver<i32>,
+}
+
+impl Signals {
+    pub fn catch() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let (tx, rx) = watch::channel(0);
+        tokio::spawn(async move {
+            loop {
+                let sig = tokio::select! {
+                    _ = int.recv() => libc::SIGINT,
+                    _ = term.recv() => libc::SIGTERM,
+                };
+                if tx.send(sig).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Signals { rx })
+    }
+
+    /// The last signal caught, if any.
+    pub fn caught(&self) -> Option<i32> {
+        Some(*self.rx.borrow()).filter(|s| *s != 0)
+    }
+
+    /// The next signal.
+    pub async fn next(&mut self) -> i32 {
+        match self.rx.changed().await {
+            Ok(()) => *self.rx.borrow_and_update(),
+            // The catching task is gone: no signal will come.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// From here on a signal does what it does by default (ends handoff): what is left (the
+    /// restore) is recorded, and the same command finishes it.
+    pub fn release(self) {
+        // SAFETY: resetting two dispositions to their defaults; no handler runs meanwhile that
+        // could observe a half-set state (tokio's only sets a flag).
+        unsafe {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        }
+    }
+}
+
+pub struct Child {
+    child: tokio::process::Child,
+    pid: Option<i32>,
+}
+
+/// How clusterctl ended.
+pub struct ExitStatus {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl ExitStatus {
+    pub fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (Some(c), _) => format!("with exit code {c}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            (None, None) => "without an exit code".into(),
+        }
+    }
+
+    /// What handoff exits with: clusterctl's code, or 1 when it had none (a signal).
+    pub fn exit_code(&self) -> i32 {
+        self.code.filter(|c| *c > 0).unwrap_or(1)
+    }
+}
+
+impl Child {
+    /// Start `clusterctl move` with handoff's flags, in its own process group (a Ctrl-C in the
+    /// terminal reaches handoff, which passes it on once) and bound to die with handoff
+    /// (`PR_SET_PDEATHSIG`: a clusterctl left running would copy behind a re-run's back).
+    pub fn spawn(clusterctl: &Path, flags: &ClusterctlFlags, source: &Cluster) -> Result<Child> {
+        let mut cmd = tokio::process::Command::new(clusterctl);
+        cmd.args(move_plan::clusterctl_args(flags))
+            .stdin(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: getpid before the fork; prctl, getppid and _exit are async-signal-safe and
+        // nothing else runs between fork and exec. The getppid check closes the race of
+        // handoff dying before prctl took effect.
+        unsafe {
+            let parent = libc::getpid();
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| WindowError::Refused {
+            cluster: source.label.clone(),
+            message: format!(
+                "cannot run {}: {e} (--clusterctl names the binary; the default is clusterctl on PATH)",
+                clusterctl.display()
+            ),
+        })?;
+        let pid = child.id().map(|p| p as i32);
+        Ok(Child { child, pid })
+    }
+
+    pub fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid {
+            // SAFETY: kill(2) on our own child's pid, with a plain signal number.
+            unsafe {
+                libc::kill(pid, sig);
+            }
+        }
+    }
+
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        use std::os::unix::process::ExitStatusExt as _;
+        let status = self.child.wait().await?;
+        Ok(ExitStatus {
+            code: status.code(),
+            signal: status.signal(),
+        })
+    }
+
+    /// Stop it (SIGTERM) and wait for it.
+    pub async fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        let _ = self.child.wait().await;
+    }
+}

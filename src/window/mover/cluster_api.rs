@@ -1,0 +1,153 @@
+//! What `handoff move` reads and writes of Cluster API's own objects in the namespace it
+//! moves: Clusters, ClusterClasses, and the objects clusterctl moves (their block-move and
+//! delete marks).
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+
+use super::super::common::{Cluster, Result, api_err};
+use super::super::move_plan::{BLOCK_MOVE, ClusterSeen, PAUSED_ANNOTATION};
+
+pub const CLUSTERS: &str = "clusters.cluster.x-k8s.io";
+pub const CLUSTER_CLASSES: &str = "clusterclasses.cluster.x-k8s.io";
+/// clusterctl marks each object with it before deleting it from the source
+/// (`clusterctlv1.DeleteForMoveAnnotation`).
+pub const DELETE_FOR_MOVE: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
+
+fn api_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
+    let version = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.storage && v.served)
+        .or_else(|| crd.spec.versions.iter().find(|v| v.served))?;
+    Some(ApiResource {
+        group: crd.spec.group.clone(),
+        version: version.name.clone(),
+        api_version: format!("{}/{}", crd.spec.group, version.name),
+        kind: crd.spec.names.kind.clone(),
+        plural: crd.spec.names.plural.clone(),
+    })
+}
+
+async fn resource(c: &Cluster, crd: &str) -> Result<Option<ApiResource>> {
+    Ok(Api::<CustomResourceDefinition>::all(c.client.clone())
+        .get_opt(crd)
+        .await
+        .map_err(api_err(
+            c,
+            format!("reading CustomResourceDefinition {crd}"),
+        ))?
+        .as_ref()
+        .and_then(api_resource))
+}
+
+/// Every object of `crd` in `ns` (none where the CRD is not installed): `spec.paused` or the
+/// paused annotation, and its block-move.
+pub async fn paused_in(c: &Cluster, ns: &str, crd: &str) -> Result<Vec<ClusterSeen>> {
+    let Some(ar) = resource(c, crd).await? else {
+        return Ok(vec![]);
+    };
+    let list = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar)
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err(c, format!("listing {} in {ns}", ar.plural)))?;
+    let mut out: Vec<ClusterSeen> = list
+        .items
+        .iter()
+        .map(|o| {
+            let ann = o.metadata.annotations.as_ref();
+            ClusterSeen {
+                key: format!("{ns}/{}", o.metadata.name.clone().unwrap_or_default()),
+                paused: o.data["spec"]["paused"].as_bool() == Some(true)
+                    || ann.is_some_and(|a| a.contains_key(PAUSED_ANNOTATION)),
+                block_move: ann.and_then(|a| a.get(BLOCK_MOVE)).cloned(),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(out)
+}
+
+pub async fn clusters_in(c: &Cluster, ns: &str) -> Result<Vec<ClusterSeen>> {
+    paused_in(c, ns, CLUSTERS).await
+}
+
+/// What the other objects clusterctl moves say: which carry a block-move, which are marked for
+/// deletion. They are the instances, in the namespace, of the CRDs labelled
+/// `clusterctl.cluster.x-k8s.io`, as clusterctl's discovery selects them (`objectgraph.go`,
+/// `getDiscoveryTypes`).
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Every such object, as `Kind namespace/name`.
+    pub objects: Vec<String>,
+    pub blocking: Vec<String>,
+    pub deleting: Vec<String>,
+}
+
+pub async fn scan(c: &Cluster, ns: &str) -> Result<Scan> {
+    let crds = Api::<CustomResourceDefinition>::all(c.client.clone())
+        .list(&ListParams::default().labels("clusterctl.cluster.x-k8s.io"))
+        .await
+        .map_err(api_err(
+            c,
+            "listing the CustomResourceDefinitions clusterctl moves",
+        ))?;
+    let mut out = Scan::default();
+    for crd in crds.items {
+        if crd.spec.scope != "Namespaced" {
+            continue;
+        }
+        let Some(ar) = api_resource(&crd) else {
+            continue;
+        };
+        let list = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar)
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(api_err(c, format!("listing {} in {ns}", ar.plural)))?;
+        for o in list.items {
+            let what = format!("{} {ns}/{}", ar.kind, o.metadata.name.unwrap_or_default());
+            out.objects.push(what.clone());
+            let ann = o.metadata.annotations.as_ref();
+            if o.metadata.deletion_timestamp.is_some()
+                || ann.is_some_and(|a| a.contains_key(DELETE_FOR_MOVE))
+            {
+                out.deleting.push(what.clone());
+            }
+            // Clusters' block-move is read with the Clusters (handoff's own is one).
+            if crd.metadata.name.as_deref() != Some(CLUSTERS)
+                && ann.is_some_and(|a| a.contains_key(BLOCK_MOVE))
+            {
+                out.blocking.push(what);
+            }
+        }
+    }
+    out.objects.sort();
+    out.blocking.sort();
+    out.deleting.sort();
+    Ok(out)
+}
+
+/// Merge-patch one object of `crd` (`namespace/name`); `false` when it is gone.
+pub async fn patch(
+    c: &Cluster,
+    crd: &str,
+    key: &str,
+    patch: serde_json::Value,
+    what: &str,
+) -> Result<bool> {
+    let Some(ar) = resource(c, crd).await? else {
+        return Ok(false);
+    };
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar);
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(api_err(c, format!("{what} {} {key}", ar.kind))(e)),
+    }
+}
