@@ -380,7 +380,7 @@ struct CertsArgs {
     #[arg(long, default_value = "certs")]
     out: PathBuf,
     /// DNS names of the serving certificate (repeatable).
-    #[arg(long = "dns", value_name = "NAME", default_values_t = ["handoff.handoff-system.svc".to_string(), "handoff.handoff-system.svc.cluster.local".to_string(), "localhost".to_string()])]
+    #[arg(long = "dns", value_name = "NAME", default_values_t = ["handoff-guard.handoff-system.svc".to_string(), "handoff-pin.handoff-system.svc".to_string(), "handoff-guard.handoff-system.svc.cluster.local".to_string(), "handoff-pin.handoff-system.svc.cluster.local".to_string(), "localhost".to_string()])]
     dns: Vec<String>,
     /// IP addresses of the serving certificate (repeatable).
     #[arg(long = "ip", value_name = "IP", default_values_t = [IpAddr::from([127, 0, 0, 1])])]
@@ -827,6 +827,9 @@ async fn build_state(args: &StateArgs) -> anyhow::Result<(State, Option<kube::Cl
     state.max_staleness = args.max_staleness;
     state.own = args.own_deployment.clone();
     state.client = Some(client.clone());
+    if let Some(k) = &kcp {
+        state.telemetry = k.telemetry.clone();
+    }
     state.kcp = kcp;
     Ok((state, Some(client)))
 }
@@ -867,7 +870,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         pin: a.webhooks.contains(&Webhook::MoveWindow),
     };
     let state = Arc::new(state);
-    let metrics = Arc::new(Metrics::new());
+    let mut metrics = Metrics::new();
+    metrics.register_telemetry(&state.telemetry);
+    let metrics = Arc::new(metrics);
     let limits = Limits {
         body_limit: a.body_limit,
         default_timeout: a.default_timeout,

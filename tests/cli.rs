@@ -681,3 +681,40 @@ fn review_with_kcp_unreachable_denies_only_a_sync_targets_delete_in_a_located_na
     let r = review("delete-configmap-by-syncer.json", Some("unlocated"));
     assert_eq!(r["allowed"], true, "{r}");
 }
+
+/// `handoff certs` with no `--dns` makes a certificate for the Services the manifests create
+/// (the API server verifies `<service>.handoff-system.svc`): a certificate for any other name
+/// fails every call, closed.
+#[test]
+fn certs_default_names_are_the_manifests_services() {
+    let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base");
+    let services = std::fs::read_to_string(base.join("service.yaml")).unwrap();
+    let names: Vec<String> = services
+        .split("\n---")
+        .filter(|d| d.contains("kind: Service"))
+        .filter_map(|d| {
+            d.lines()
+                .skip_while(|l| !l.starts_with("metadata:"))
+                .find_map(|l| l.trim().strip_prefix("name: ").map(str::to_string))
+        })
+        .collect();
+    assert_eq!(names, ["handoff-guard", "handoff-pin"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, _, err) = run(handoff().arg("certs").arg("--out").arg(dir.path()));
+    assert!(ok, "{err}");
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+        .arg(dir.path().join("tls.crt"))
+        .output();
+    let Ok(out) = out else {
+        eprintln!("skipped the SAN check: no openssl");
+        return;
+    };
+    let sans = String::from_utf8_lossy(&out.stdout);
+    for n in names {
+        assert!(
+            sans.contains(&format!("DNS:{n}.handoff-system.svc")),
+            "{n}: {sans}"
+        );
+    }
+}

@@ -423,7 +423,23 @@ pub async fn keep_published(
     loop {
         if state.namespaces.is_synced() && state.namespaces_stale().is_none() {
             let dir = directory(&state.ids, &state.ids.located_targets());
-            match publish(&client, &params, &dir.data).await {
+            let published = publish(&client, &params, &dir.data).await;
+            let t = &state.telemetry;
+            match &published {
+                Ok(_) => {
+                    t.policy_publishes
+                        .get_or_create(&crate::state::telemetry::OK)
+                        .inc();
+                    t.policy_last_published
+                        .set(crate::state::telemetry::unix_now());
+                }
+                Err(_) => {
+                    t.policy_publishes
+                        .get_or_create(&crate::state::telemetry::ERROR)
+                        .inc();
+                }
+            }
+            match published {
                 Ok(true) => {
                     tracing::info!(
                         configmap = %params,

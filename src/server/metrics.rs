@@ -1,5 +1,7 @@
 //! The one metrics registry (Prometheus text on `GET /metrics`).
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -18,6 +20,24 @@ pub struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WebhookLabels {
     pub webhook: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DenialLabels {
+    pub webhook: &'static str,
+    /// The rule's machine-readable reason: a fixed set.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    pub watch: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WindowLabels {
+    /// MoveWindows are few and named by operators: a bounded label.
+    pub window: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -43,6 +63,19 @@ pub struct Metrics {
     pub exempt: Family<WebhookLabels, Counter>,
     pub config_reloads: Counter,
     pub config_reload_errors: Counter,
+    /// The served certificate's notAfter, Unix seconds.
+    pub cert_expiry: Gauge<f64, AtomicU64>,
+    /// When a certificate was last loaded (start-up or reload), Unix seconds.
+    pub cert_last_reload: Gauge<f64, AtomicU64>,
+    pub denials: Family<DenialLabels, Counter>,
+    /// Set at each scrape: how long ago the namespace cache was last proven current.
+    pub namespaces_proven_age: Gauge<f64, AtomicU64>,
+    pub namespaces_staleness_bound: Gauge<f64, AtomicU64>,
+    /// Set at each scrape: how long each watch has been failing (0 while it is not).
+    pub watch_failing: Family<WatchLabels, Gauge<f64, AtomicU64>>,
+    pub watch_stale_after: Gauge<f64, AtomicU64>,
+    pub window_opened: Family<WindowLabels, Gauge<f64, AtomicU64>>,
+    pub window_held_leases: Family<WindowLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -81,6 +114,15 @@ impl Metrics {
             exempt: Family::default(),
             config_reloads: Counter::default(),
             config_reload_errors: Counter::default(),
+            cert_expiry: Gauge::default(),
+            cert_last_reload: Gauge::default(),
+            denials: Family::default(),
+            namespaces_proven_age: Gauge::default(),
+            namespaces_staleness_bound: Gauge::default(),
+            watch_failing: Family::default(),
+            watch_stale_after: Gauge::default(),
+            window_opened: Family::default(),
+            window_held_leases: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -153,7 +195,134 @@ impl Metrics {
             "Config file changes refused (the settings in force stay)",
             m.config_reload_errors.clone(),
         );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "notAfter of the serving certificate in use, as Unix seconds",
+            m.cert_expiry.clone(),
+        );
+        registry.register(
+            "certificate_last_reload_timestamp_seconds",
+            "When the serving certificate was last loaded (start-up or reload), as Unix seconds",
+            m.cert_last_reload.clone(),
+        );
+        registry.register(
+            "denials",
+            "Requests denied, by webhook and the rule's reason (state-unavailable, kcp-unavailable and deadline are handoff's own trouble)",
+            m.denials.clone(),
+        );
+        registry.register(
+            "namespace_cache_proven_age_seconds",
+            "How long ago the namespace watch last proved the guard's cache current (+Inf: never); past --max-staleness a sync target's delete needs a fresh read",
+            m.namespaces_proven_age.clone(),
+        );
+        registry.register(
+            "namespace_cache_max_staleness_seconds",
+            "--max-staleness: how old a namespace view may be before a sync target's delete needs a fresh read",
+            m.namespaces_staleness_bound.clone(),
+        );
+        registry.register(
+            "watch_failing_seconds",
+            "How long each watch has been failing (0 while it is not); past --stale-after its cache is untrusted",
+            m.watch_failing.clone(),
+        );
+        registry.register(
+            "watch_stale_after_seconds",
+            "--stale-after: how long a watch may fail before its cache is untrusted",
+            m.watch_stale_after.clone(),
+        );
+        registry.register(
+            "move_window_opened_timestamp_seconds",
+            "When each open MoveWindow was opened (status.openedAt), as Unix seconds",
+            m.window_opened.clone(),
+        );
+        registry.register(
+            "move_window_held_leases",
+            "Leader-election Leases each open MoveWindow holds",
+            m.window_held_leases.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Register what the sources of state count (kcp, the policy parameter).
+    pub fn register_telemetry(&mut self, t: &crate::state::telemetry::Telemetry) {
+        let r = &mut self.registry;
+        r.register(
+            "kcp_reads",
+            "Reads of kcp namespaces, by result",
+            t.kcp_reads.clone(),
+        );
+        r.register(
+            "kcp_read_duration_seconds",
+            "Time a read of a kcp namespace took",
+            t.kcp_read_duration.clone(),
+        );
+        r.register(
+            "kcp_last_success_timestamp_seconds",
+            "When a read of kcp last answered, as Unix seconds (0: never)",
+            t.kcp_last_success.clone(),
+        );
+        r.register(
+            "kcp_mirror_applies",
+            "Server-side applies of kcp's sync finalizers onto physical namespaces, by result",
+            t.kcp_mirror_applies.clone(),
+        );
+        r.register(
+            "policy_params_publishes",
+            "Attempts to keep the guard policy's parameter ConfigMap current, by result",
+            t.policy_publishes.clone(),
+        );
+        r.register(
+            "policy_params_last_success_timestamp_seconds",
+            "When the parameter ConfigMap was last found or made current, as Unix seconds (0: never)",
+            t.policy_last_published.clone(),
+        );
+    }
+
+    /// Set the gauges that are read at scrape time from the state.
+    pub fn observe(&self, state: &crate::state::State) {
+        use crate::state::WatchHealth;
+        let windows = state.windows.snapshot();
+        self.namespaces.set(state.namespaces.len() as i64);
+        self.open_windows.set(windows.open.len() as i64);
+        self.pinned_deployments
+            .set(state.deployments.count_selected(&windows.open) as i64);
+        let watches: [(&'static str, &WatchHealth, bool); 3] = [
+            ("namespaces", &state.health.namespaces, state.serving.guard),
+            ("movewindows", &state.health.windows, state.serving.pin),
+            ("deployments", &state.health.deployments, state.serving.pin),
+        ];
+        for (watch, h, served) in watches {
+            if served {
+                self.watch_failing
+                    .get_or_create(&WatchLabels { watch })
+                    .set(h.failing_for().map_or(0.0, |d| d.as_secs_f64()));
+            }
+        }
+        self.watch_stale_after.set(state.stale_after.as_secs_f64());
+        if state.serving.guard {
+            self.namespaces_proven_age.set(
+                state
+                    .namespaces
+                    .proven_ago()
+                    .map_or(f64::INFINITY, |d| d.as_secs_f64()),
+            );
+            self.namespaces_staleness_bound
+                .set(state.max_staleness.as_secs_f64());
+        }
+        // Windows come and go: only the open ones have series.
+        self.window_opened.clear();
+        self.window_held_leases.clear();
+        for g in &windows.gauges {
+            let l = WindowLabels {
+                window: g.name.clone(),
+            };
+            if let Some(t) = g.opened_at {
+                self.window_opened.get_or_create(&l).set(t as f64);
+            }
+            self.window_held_leases
+                .get_or_create(&l)
+                .set(g.held_leases as i64);
+        }
     }
 
     /// Publish the rollout in force.

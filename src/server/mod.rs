@@ -194,12 +194,7 @@ pub fn health_router() -> Router<App> {
         .route(
             "/metrics",
             get(|AxState(app): AxState<App>| async move {
-                let m = &app.metrics;
-                let windows = app.state.windows.snapshot();
-                m.namespaces.set(app.state.namespaces.len() as i64);
-                m.open_windows.set(windows.open.len() as i64);
-                m.pinned_deployments
-                    .set(app.state.deployments.count_selected(&windows.open) as i64);
+                app.metrics.observe(&app.state);
                 (
                     [(
                         header::CONTENT_TYPE,
@@ -503,6 +498,15 @@ async fn admit_inner(
             ),
         ),
     };
+    if decision.verdict == "deny" {
+        app.metrics
+            .denials
+            .get_or_create(&crate::server::metrics::DenialLabels {
+                webhook: webhook.as_str(),
+                reason: decision.reason,
+            })
+            .inc();
+    }
     if decision.verdict == "exempt" {
         app.metrics
             .exempt

@@ -165,8 +165,23 @@ impl CertStore {
         Ok(true)
     }
 
+    /// The served certificate's `notAfter` (Unix seconds).
+    pub fn not_after(&self) -> Option<i64> {
+        self.current().cert.first().and_then(|c| not_after(c))
+    }
+
+    fn publish(&self, metrics: &Metrics) {
+        if let Some(t) = self.not_after() {
+            metrics.cert_expiry.set(t as f64);
+        }
+        metrics
+            .cert_last_reload
+            .set(crate::state::telemetry::unix_now());
+    }
+
     /// Poll the files every `interval` until the process ends.
     pub async fn watch(self: Arc<Self>, interval: Duration, metrics: Arc<Metrics>) {
+        self.publish(&metrics);
         if !matches!(self.source, CertSource::Files { .. }) {
             return;
         }
@@ -180,6 +195,7 @@ impl CertStore {
             match outcome {
                 Ok(Ok(true)) => {
                     metrics.cert_reloads.inc();
+                    self.publish(&metrics);
                     tracing::info!("serving certificate reloaded");
                 }
                 Ok(Ok(false)) => {}
@@ -191,6 +207,77 @@ impl CertStore {
             }
         }
     }
+}
+
+/// The `notAfter` of a DER certificate, as Unix seconds: `Certificate ::= SEQUENCE {
+/// tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber, signature, issuer, validity
+/// SEQUENCE { notBefore, notAfter }, … } … }` (RFC 5280 §4.1), the times as UTCTime or
+/// GeneralizedTime. `None` for anything else: the metric is then not set.
+pub fn not_after(der: &[u8]) -> Option<i64> {
+    // One TLV: (tag, contents, rest).
+    fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, b) = b.split_first()?;
+        let (&first, mut b) = b.split_first()?;
+        let len = if first < 0x80 {
+            usize::from(first)
+        } else {
+            let n = usize::from(first & 0x7f);
+            if n == 0 || n > 4 || b.len() < n {
+                return None;
+            }
+            let (l, rest) = b.split_at(n);
+            b = rest;
+            l.iter().fold(0usize, |acc, x| (acc << 8) | usize::from(*x))
+        };
+        (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
+    }
+    let (0x30, cert, _) = tlv(der)? else {
+        return None;
+    };
+    let (0x30, tbs, _) = tlv(cert)? else {
+        return None;
+    };
+    let mut rest = tbs;
+    let (tag, _, r) = tlv(rest)?;
+    if tag == 0xa0 {
+        rest = r; // version
+    }
+    for _ in 0..3 {
+        rest = tlv(rest)?.2; // serialNumber, signature, issuer
+    }
+    let (0x30, validity, _) = tlv(rest)? else {
+        return None;
+    };
+    let (_, _, r) = tlv(validity)?;
+    let (tag, time, _) = tlv(r)?;
+    let text = std::str::from_utf8(time).ok()?.strip_suffix('Z')?;
+    let digits = |s: &str| s.parse::<i16>().ok();
+    let (year, rest) = match tag {
+        // UTCTime: YY, 50–99 meaning 19YY (RFC 5280 §4.1.2.5.1).
+        0x17 if text.len() == 12 => {
+            let yy = digits(&text[..2])?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &text[2..])
+        }
+        0x18 if text.len() == 14 => (digits(&text[..4])?, &text[4..]),
+        _ => return None,
+    };
+    let field = |i: usize| rest.get(i..i + 2).and_then(|s| s.parse::<i8>().ok());
+    let dt = k8s_openapi::jiff::civil::DateTime::new(
+        year,
+        field(0)?,
+        field(2)?,
+        field(4)?,
+        field(6)?,
+        field(8)?,
+        0,
+    )
+    .ok()?;
+    Some(
+        dt.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
+            .ok()?
+            .timestamp()
+            .as_second(),
+    )
 }
 
 impl ResolvesServerCert for CertStore {
@@ -243,4 +330,34 @@ pub fn server_config(
     let mut config = builder.with_cert_resolver(store);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_after_reads_the_validity_of_a_real_certificate() {
+        let ca = crate::certs::Ca::new("expiry test", 30).unwrap();
+        let (pem, _) = ca
+            .serving_cert(&["handoff-pin.handoff-system.svc".into()], &[], 10)
+            .unwrap();
+        let der = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .next()
+            .unwrap()
+            .unwrap();
+        let t = not_after(&der).expect("a notAfter");
+        let now = crate::state::telemetry::unix_now() as i64;
+        let days = (t - now) as f64 / 86400.0;
+        assert!((9.0..=11.0).contains(&days), "{days} days");
+        // Not a certificate: no answer, no panic.
+        for bad in [
+            &b""[..],
+            b"\x30",
+            b"\x30\x82\xff\xff",
+            &der[..der.len() / 2],
+        ] {
+            assert_eq!(not_after(bad), None);
+        }
+    }
 }

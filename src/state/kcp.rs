@@ -94,6 +94,8 @@ pub struct Kcp {
     /// Answers of reads, with when the read began.
     read: Arc<Mutex<Answers>>,
     in_flight: SingleFlight<KcpNamespace, (Instant, Arc<KcpView>)>,
+    /// Reads and mirror applies, for `/metrics` (the state's, once handoff serves).
+    pub telemetry: Arc<super::telemetry::Telemetry>,
 }
 
 /// kcp's base URL of a kcp kubeconfig's server: a kubeconfig made for one workspace points at
@@ -155,6 +157,7 @@ impl Kcp {
             health: WatchHealth::default(),
             read: Default::default(),
             in_flight: Default::default(),
+            telemetry: Default::default(),
         })
     }
 
@@ -189,6 +192,7 @@ impl Kcp {
     async fn read_now(&self, at: &KcpNamespace) -> Result<(Instant, Arc<KcpView>), String> {
         let (client, ids, timeout) = (self.client.clone(), self.ids.clone(), self.timeout);
         let (key, answers, max_age) = (at.clone(), self.read.clone(), self.max_staleness);
+        let telemetry = self.telemetry.clone();
         self.in_flight
             .run(at.clone(), "the kcp read", move || async move {
                 let began = Instant::now();
@@ -196,6 +200,17 @@ impl Kcp {
                     Err(_) => Err(format!("kcp did not answer within {timeout:?}")),
                     Ok(r) => r,
                 };
+                telemetry
+                    .kcp_read_duration
+                    .observe(began.elapsed().as_secs_f64());
+                let outcome = match answer.is_ok() {
+                    true => super::telemetry::OK,
+                    false => super::telemetry::ERROR,
+                };
+                telemetry.kcp_reads.get_or_create(&outcome).inc();
+                if answer.is_ok() {
+                    telemetry.kcp_last_success.set(super::telemetry::unix_now());
+                }
                 let v = answer?;
                 let mut answers = answers.lock().unwrap_or_else(|e| e.into_inner());
                 // Forget answers nobody may use any more, now and then.
@@ -388,12 +403,20 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
                 .await
             {
                 Ok(_) => {
+                    kcp.telemetry
+                        .kcp_mirror_applies
+                        .get_or_create(&super::telemetry::OK)
+                        .inc();
                     if refused.remove(name).is_some() || applied.get(name) != Some(&want) {
                         tracing::info!(namespace = %name, kcp_namespace = %at, annotations = ?want.keys().collect::<Vec<_>>(), "mirror: sync finalizers copied from kcp");
                     }
                     applied.insert(name.clone(), want);
                 }
                 Err(e) => {
+                    kcp.telemetry
+                        .kcp_mirror_applies
+                        .get_or_create(&super::telemetry::ERROR)
+                        .inc();
                     if refused.insert(name.clone(), want).is_none() {
                         tracing::warn!(namespace = %name, kcp_namespace = %at, error = %e, "mirror: cannot copy the sync finalizers from kcp (the guard still reads kcp)");
                     }

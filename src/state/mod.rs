@@ -6,6 +6,7 @@ pub mod files;
 pub mod kcp;
 pub mod namespaces;
 pub mod single_flight;
+pub mod telemetry;
 pub mod windows;
 
 use std::path::Path;
@@ -79,6 +80,12 @@ impl WatchHealth {
         }
     }
 
+    /// How long it has been failing (`None`: it is not).
+    pub fn failing_for(&self) -> Option<Duration> {
+        let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        f.as_ref().map(|(since, _)| since.elapsed())
+    }
+
     /// Why the cache is stale, if it has been failing for longer than `after`.
     pub fn stale(&self, what: &str, after: Duration) -> Option<String> {
         let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
@@ -144,6 +151,8 @@ pub struct State {
     /// kcp (`--kcp-kubeconfig`): where the kcp namespaces that located namespaces stand for are
     /// read. `None`: handoff reads the physical namespaces only.
     pub kcp: Option<Arc<kcp::Kcp>>,
+    /// Counts for `/metrics` (shared with `kcp`).
+    pub telemetry: Arc<telemetry::Telemetry>,
     /// Namespace reads in flight, one per name: the removal epoch each began at, and what it
     /// found (`None`: no such namespace).
     reads: single_flight::SingleFlight<Box<str>, (u64, Option<Annotations>)>,
@@ -171,6 +180,7 @@ impl State {
             stale_after: Duration::from_secs(30),
             max_staleness: Duration::from_secs(10),
             kcp: None,
+            telemetry: Default::default(),
             reads: Default::default(),
         }
     }

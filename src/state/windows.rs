@@ -12,9 +12,19 @@ use crate::resources::move_window::{MoveWindow, Strategy};
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Entry {
     Closed,
-    Open(OpenWindow, Vec<PinnedRef>),
+    Open(OpenWindow, Vec<PinnedRef>, Gauges),
     /// Open, with a `deploymentSelector` that does not parse: the reason.
-    Invalid(String, Vec<PinnedRef>),
+    Invalid(String, Vec<PinnedRef>, Gauges),
+}
+
+/// What `/metrics` shows of an open window.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Gauges {
+    pub name: String,
+    /// `status.openedAt`, Unix seconds.
+    pub opened_at: Option<i64>,
+    /// Leases it holds (recorded, not released).
+    pub held_leases: usize,
 }
 
 /// The windows as one request reads them: taken with one `Arc` clone, no lock held while
@@ -26,6 +36,8 @@ pub struct WindowSnapshot {
     pub invalid: Vec<String>,
     /// The Deployments that open windows (valid or not) list as pinned in their status.
     pub pinned: Vec<PinnedRef>,
+    /// Every open window, for `/metrics`.
+    pub gauges: Vec<Gauges>,
 }
 
 /// Every MoveWindow by name; the open ones compiled for the pin.
@@ -57,13 +69,32 @@ fn compile(w: &MoveWindow) -> Entry {
                 .collect()
         })
         .unwrap_or_default();
+    let status = w.status.as_ref();
+    let gauges = Gauges {
+        name: name.clone(),
+        opened_at: status
+            .and_then(|s| s.opened_at.as_deref())
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map(|t| t.as_second()),
+        held_leases: status
+            .map(|s| {
+                s.pinned
+                    .iter()
+                    .filter(|p| p.restored_at.is_none())
+                    .flat_map(|p| &p.leases)
+                    .filter(|l| l.released_at.is_none())
+                    .count()
+            })
+            .unwrap_or(0),
+    };
     match w.spec.selector() {
-        Ok(selector) => Entry::Open(OpenWindow { name, selector }, pinned),
+        Ok(selector) => Entry::Open(OpenWindow { name, selector }, pinned, gauges),
         Err(e) => {
             tracing::error!(window = %name, error = %e, "open MoveWindow has an invalid deploymentSelector");
             Entry::Invalid(
                 format!("MoveWindow \"{name}\" is open but its spec.{e}"),
                 pinned,
+                gauges,
             )
         }
     }
@@ -87,13 +118,15 @@ impl WindowCache {
             .all
             .fold(WindowSnapshot::default(), |mut snap, (_, e)| {
                 match e {
-                    Entry::Open(w, pinned) => {
+                    Entry::Open(w, pinned, g) => {
                         snap.open.push(w.clone());
                         snap.pinned.extend(pinned.iter().cloned());
+                        snap.gauges.push(g.clone());
                     }
-                    Entry::Invalid(why, pinned) => {
+                    Entry::Invalid(why, pinned, g) => {
                         snap.invalid.push(why.clone());
                         snap.pinned.extend(pinned.iter().cloned());
+                        snap.gauges.push(g.clone());
                     }
                     Entry::Closed => {}
                 }
@@ -104,6 +137,7 @@ impl WindowCache {
         let mut snap = snap;
         snap.open.sort_by(|a, b| a.name.cmp(&b.name));
         snap.invalid.sort();
+        snap.gauges.sort_by(|a, b| a.name.cmp(&b.name));
         snap.pinned.sort_by(|a, b| {
             (&a.window, &a.namespace, &a.name).cmp(&(&b.window, &b.namespace, &b.name))
         });
