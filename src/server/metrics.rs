@@ -67,6 +67,8 @@ pub struct Metrics {
     pub cert_expiry: Gauge<f64, AtomicU64>,
     /// When a certificate was last loaded (start-up or reload), Unix seconds.
     pub cert_last_reload: Gauge<f64, AtomicU64>,
+    /// 1 from a rejected change of the certificate files until a good pair is loaded.
+    pub cert_reload_failing: Gauge,
     pub denials: Family<DenialLabels, Counter>,
     /// Set at each scrape: how long ago the namespace cache was last proven current.
     pub namespaces_proven_age: Gauge<f64, AtomicU64>,
@@ -116,6 +118,7 @@ impl Metrics {
             config_reload_errors: Counter::default(),
             cert_expiry: Gauge::default(),
             cert_last_reload: Gauge::default(),
+            cert_reload_failing: Gauge::default(),
             denials: Family::default(),
             namespaces_proven_age: Gauge::default(),
             namespaces_staleness_bound: Gauge::default(),
@@ -206,8 +209,13 @@ impl Metrics {
             m.cert_last_reload.clone(),
         );
         registry.register(
+            "certificate_reload_failing",
+            "1 from a rejected change of the serving certificate files until a good pair is loaded (the last good one serves meanwhile)",
+            m.cert_reload_failing.clone(),
+        );
+        registry.register(
             "denials",
-            "Requests denied, by webhook and the rule's reason (state-unavailable, kcp-unavailable and deadline are handoff's own trouble)",
+            "Requests denied (or, in warn and audit mode, that would be), by webhook and the rule's reason (state-unavailable, kcp-unavailable and deadline are handoff's own trouble)",
             m.denials.clone(),
         );
         registry.register(
@@ -273,7 +281,7 @@ impl Metrics {
         );
         r.register(
             "policy_params_last_success_timestamp_seconds",
-            "When the parameter ConfigMap was last found or made current, as Unix seconds (0: never)",
+            "When the parameter ConfigMap was last found current, made current, or found absent (the policy not installed), as Unix seconds (0: never)",
             t.policy_last_published.clone(),
         );
     }
@@ -297,6 +305,11 @@ impl Metrics {
                     .get_or_create(&WatchLabels { watch })
                     .set(h.failing_for().map_or(0.0, |d| d.as_secs_f64()));
             }
+        }
+        if let Some(k) = state.kcp.as_ref().filter(|_| state.serving.guard) {
+            self.watch_failing
+                .get_or_create(&WatchLabels { watch: "kcp" })
+                .set(k.health.failing_for().map_or(0.0, |d| d.as_secs_f64()));
         }
         self.watch_stale_after.set(state.stale_after.as_secs_f64());
         if state.serving.guard {

@@ -498,7 +498,7 @@ async fn admit_inner(
             ),
         ),
     };
-    if decision.verdict == "deny" {
+    if matches!(decision.verdict, "deny" | "would-deny") {
         app.metrics
             .denials
             .get_or_create(&crate::server::metrics::DenialLabels {

@@ -195,12 +195,14 @@ impl CertStore {
             match outcome {
                 Ok(Ok(true)) => {
                     metrics.cert_reloads.inc();
+                    metrics.cert_reload_failing.set(0);
                     self.publish(&metrics);
                     tracing::info!("serving certificate reloaded");
                 }
                 Ok(Ok(false)) => {}
                 Ok(Err(e)) => {
                     metrics.cert_reload_errors.inc();
+                    metrics.cert_reload_failing.set(1);
                     tracing::error!(error = %e, "new serving certificate rejected; still serving the last good one");
                 }
                 Err(e) => tracing::error!(error = %e, "certificate reload task failed"),
@@ -212,7 +214,8 @@ impl CertStore {
 /// The `notAfter` of a DER certificate, as Unix seconds: `Certificate ::= SEQUENCE {
 /// tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber, signature, issuer, validity
 /// SEQUENCE { notBefore, notAfter }, … } … }` (RFC 5280 §4.1), the times as UTCTime or
-/// GeneralizedTime. `None` for anything else: the metric is then not set.
+/// GeneralizedTime. `None` for anything else: the metric then keeps its last value (0 before
+/// any), which the alerts ignore.
 pub fn not_after(der: &[u8]) -> Option<i64> {
     // One TLV: (tag, contents, rest).
     fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
@@ -251,6 +254,10 @@ pub fn not_after(der: &[u8]) -> Option<i64> {
     let (_, _, r) = tlv(validity)?;
     let (tag, time, _) = tlv(r)?;
     let text = std::str::from_utf8(time).ok()?.strip_suffix('Z')?;
+    // Digits only, so that the slicing below is on character boundaries.
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let digits = |s: &str| s.parse::<i16>().ok();
     let (year, rest) = match tag {
         // UTCTime: YY, 50–99 meaning 19YY (RFC 5280 §4.1.2.5.1).

@@ -413,9 +413,13 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
                     applied.insert(name.clone(), want);
                 }
                 Err(e) => {
+                    let outcome = match &e {
+                        kube::Error::Api(s) if s.code == 409 => super::telemetry::CONFLICT,
+                        _ => super::telemetry::ERROR,
+                    };
                     kcp.telemetry
                         .kcp_mirror_applies
-                        .get_or_create(&super::telemetry::ERROR)
+                        .get_or_create(&outcome)
                         .inc();
                     if refused.insert(name.clone(), want).is_none() {
                         tracing::warn!(namespace = %name, kcp_namespace = %at, error = %e, "mirror: cannot copy the sync finalizers from kcp (the guard still reads kcp)");

@@ -18,6 +18,8 @@ pub struct Outcome {
 
 pub const OK: Outcome = Outcome { result: "ok" };
 pub const ERROR: Outcome = Outcome { result: "error" };
+/// A mirror apply refused because another field manager owns the annotation: by design.
+pub const CONFLICT: Outcome = Outcome { result: "conflict" };
 
 pub struct Telemetry {
     pub kcp_reads: Family<Outcome, Counter>,
@@ -47,6 +49,7 @@ impl Default for Telemetry {
             let _ = t.kcp_mirror_applies.get_or_create(&o);
             let _ = t.policy_publishes.get_or_create(&o);
         }
+        let _ = t.kcp_mirror_applies.get_or_create(&CONFLICT);
         t
     }
 }
