@@ -364,8 +364,9 @@ pub async fn mirror(state: Arc<State>, kcp: Arc<Kcp>, client: kube::Client, ever
     loop {
         tick.tick().await;
         round += 1;
-        // Now and then apply everything again: someone may have edited what was applied.
-        let resync = round.is_multiple_of(60);
+        // Now and then apply everything again: someone may have edited what was applied. On a
+        // round that also runs without the watch (1 mod 15, below): 60 is a multiple of 15.
+        let resync = round % 60 == 1;
         // Without the wildcard watch every comparison is a read of kcp: compare every 15th
         // round only (30 s at the default 2 s), so that the mirror does not read each kcp
         // namespace every few seconds. The guard never waits for the mirror.
