@@ -6,21 +6,12 @@ mod support;
 use std::io::Read as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
-use handoff::certs::Ca;
-use support::https::{Client, Proto};
+use support::apiserver::free_port;
+use support::https::{Client, Proto, write_loopback_cert};
 
 const SYNCER: &str =
     "system:serviceaccount:kcp-syncer-us-west1-1nuzj7pw:kcp-syncer-us-west1-1nuzj7pw";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn example(path: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -37,12 +28,7 @@ async fn serve_and_log(
     users: &[&str],
 ) -> (String, Vec<bool>) {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("logs CA", 1).unwrap();
-    let (cert, key) = ca
-        .serving_cert(&["localhost".into()], &["127.0.0.1".parse().unwrap()], 1)
-        .unwrap();
-    std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
-    std::fs::write(dir.path().join("tls.key"), key).unwrap();
+    let ca = write_loopback_cert(dir.path(), "logs CA");
     let port = free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
     cmd.args(["--log-format", format, "serve", "--drain-delay", "0s"])
@@ -69,15 +55,8 @@ async fn serve_and_log(
     });
 
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut client = None;
-    for _ in 0..200 {
-        if let Ok(c) = Client::connect(addr, &ca.cert_pem, Proto::H1, None).await {
-            client = Some(c);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let Some(mut client) = client else {
+    let Some(mut client) = Client::connect_when_listening(addr, &ca.cert_pem, Proto::H1).await
+    else {
         let _ = child.kill();
         panic!("handoff never listened:\n{}", log.join().unwrap());
     };

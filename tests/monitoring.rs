@@ -10,12 +10,10 @@ use std::collections::BTreeSet;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use handoff::certs::Ca;
 use serde_json::Value;
-use support::apiserver::{ADMIN, ApiServer, skip, text};
-use support::https::{Client, Proto};
+use support::apiserver::{ADMIN, ApiServer, free_port, skip, text};
+use support::https::{Client, Proto, write_loopback_cert};
 
 fn monitoring(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -75,24 +73,11 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `/metrics` of a real `handoff serve --state examples/state` that answered a denied and an
 /// allowed review (so that the per-request families have samples): the sample names.
 async fn exposed() -> BTreeSet<String> {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("monitoring CA", 1).unwrap();
-    let (cert, key) = ca
-        .serving_cert(&["localhost".into()], &["127.0.0.1".parse().unwrap()], 1)
-        .unwrap();
-    std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
-    std::fs::write(dir.path().join("tls.key"), key).unwrap();
+    let ca = write_loopback_cert(dir.path(), "monitoring CA");
     let (port, metrics) = (free_port(), free_port());
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let mut child = Command::new(env!("CARGO_BIN_EXE_handoff"))
@@ -111,14 +96,7 @@ async fn exposed() -> BTreeSet<String> {
         .spawn()
         .unwrap();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut client = None;
-    for _ in 0..200 {
-        if let Ok(c) = Client::connect(addr, &ca.cert_pem, Proto::H1, None).await {
-            client = Some(c);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let client = Client::connect_when_listening(addr, &ca.cert_pem, Proto::H1).await;
     let mut client = client.unwrap_or_else(|| {
         let _ = child.kill();
         let mut log = String::new();

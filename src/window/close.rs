@@ -11,7 +11,10 @@ use kube::api::{ListParams, Patch, PatchParams};
 use serde::Serialize;
 use serde_json::json;
 
-use super::common::{Cluster, Result, WindowError, api_err, dep_key, now, record, upsert_pinned};
+use super::common::{
+    Cluster, Result, WindowError, api_err, dep_key, now, read_window, record, set_state,
+    upsert_pinned,
+};
 use super::lease;
 use super::plan;
 use crate::policy::move_window::SAVED_REPLICAS_ANNOTATION;
@@ -105,12 +108,7 @@ async fn close_one(
     opts: &CloseOptions,
     out: &mut dyn Write,
 ) -> Result<Option<Vec<Restored>>> {
-    let api: Api<MoveWindow> = Api::all(c.client.clone());
-    let Some(w) = api
-        .get_opt(&opts.name)
-        .await
-        .map_err(api_err(c, format!("reading MoveWindow {}", opts.name)))?
-    else {
+    let Some(w) = read_window(c, &opts.name).await? else {
         // Deleted without being closed: the Leases it held still say so, and nothing else
         // will ever release them.
         let orphans = lease::held_anywhere(c, &opts.name, out).await?;
@@ -144,13 +142,7 @@ async fn close_one(
     };
     // Closed first: from here on the webhook lets restores through.
     if w.spec.state != WindowState::Closed {
-        api.patch(
-            &opts.name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"state": "Closed"}})),
-        )
-        .await
-        .map_err(api_err(c, format!("closing MoveWindow {}", opts.name)))?;
+        set_state(c, &opts.name, WindowState::Closed).await?;
     }
     // Then unbound: the restores below must not be pinned again inside the API server.
     if crate::admission_policy::apply::unbind_window(&c.client, &opts.name)
@@ -186,7 +178,7 @@ async fn close_one(
         cluster: c.label.clone(),
         message: format!("MoveWindow {}: {e}", opts.name),
     })?;
-    let others: Vec<(String, Selector)> = api
+    let others: Vec<(String, Selector)> = Api::<MoveWindow>::all(c.client.clone())
         .list(&ListParams::default())
         .await
         .map_err(api_err(c, "listing MoveWindows"))?

@@ -6,13 +6,15 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::{Timestamp, Unit};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::preflight::Finding;
 use crate::policy::move_window::OwnDeployment;
 use crate::policy::selector::Selector;
-use crate::resources::move_window::{MoveRole, MoveWindow, MoveWindowStatus, PinnedDeployment};
+use crate::resources::move_window::{
+    MoveRole, MoveWindow, MoveWindowStatus, PinnedDeployment, WindowState,
+};
 
 /// One cluster a command acts on.
 #[derive(Clone)]
@@ -103,62 +105,47 @@ pub async fn selected_deployments(
     Ok(items)
 }
 
-/// Read the window, change its status with `f`, write the status back.
+/// The window `name`, if it exists.
+pub async fn read_window(c: &Cluster, name: &str) -> Result<Option<MoveWindow>> {
+    Api::<MoveWindow>::all(c.client.clone())
+        .get_opt(name)
+        .await
+        .map_err(api_err(c, format!("reading MoveWindow {name}")))
+}
+
+/// Set `spec.state`.
+pub async fn set_state(c: &Cluster, name: &str, state: WindowState) -> Result<()> {
+    Api::<MoveWindow>::all(c.client.clone())
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"state": state}})),
+        )
+        .await
+        .map_err(api_err(c, format!("setting MoveWindow {name} {state:?}")))?;
+    Ok(())
+}
+
+/// Read the window, change its status with `f`, write the whole status back.
 pub async fn record(
     c: &Cluster,
     name: &str,
     f: impl Fn(&mut MoveWindowStatus),
 ) -> Result<MoveWindowStatus> {
     let api: Api<MoveWindow> = Api::all(c.client.clone());
-    // Read-modify-write guarded by resourceVersion: a concurrent run of another command makes
-    // this one read again instead of overwriting what the other recorded.
+    // Read-modify-write guarded by the resourceVersion the read returned: a concurrent run of
+    // another command makes this one read again instead of overwriting what the other
+    // recorded. A replace, not a merge patch: what `f` cleared is gone.
     for _attempt in 0..5 {
-        let w = api
+        let mut w = api
             .get(name)
             .await
             .map_err(api_err(c, format!("reading MoveWindow {name}")))?;
-        let mut status = w.status.unwrap_or_default();
+        let mut status = w.status.take().unwrap_or_default();
         f(&mut status);
         status.pinned_count = status.pinned.len() as i32;
-        let mut body = serde_json::to_value(&status).expect("status serializes");
-        // A merge patch leaves out what it does not mention: clear unset fields explicitly.
-        for field in [
-            "phase",
-            "openedAt",
-            "podsGoneAt",
-            "closedAt",
-            "lastStep",
-            "operator",
-            "move",
-        ] {
-            body.as_object_mut()
-                .expect("status is an object")
-                .entry(field)
-                .or_insert(serde_json::Value::Null);
-        }
-        body["pinned"] = serde_json::to_value(&status.pinned).expect("pinned serializes");
-        // The move record is replaced whole: a field it no longer has must go too.
-        if let Some(m) = body.get_mut("move").and_then(|m| m.as_object_mut()) {
-            for field in ["startedAt", "clusterctlExit", "error"] {
-                m.entry(field).or_insert(serde_json::Value::Null);
-            }
-            for field in [
-                "clusters",
-                "clusterClasses",
-                "blockMove",
-                "pausedByClusterctl",
-            ] {
-                m.entry(field).or_insert(json!([]));
-            }
-        }
-        let patch = json!({
-            "metadata": {"resourceVersion": w.metadata.resource_version},
-            "status": body
-        });
-        match api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
+        w.status = Some(status.clone());
+        match api.replace_status(name, &PostParams::default(), &w).await {
             Ok(_) => return Ok(status),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
             Err(e) => {

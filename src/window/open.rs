@@ -14,12 +14,12 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::common::{
-    Cluster, Result, WindowError, api_err, dep_key, now, record, selected_deployments,
-    upsert_pinned,
+    Cluster, Result, WindowError, api_err, dep_key, now, read_window, record, selected_deployments,
+    set_state, upsert_pinned,
 };
 use super::lease;
 use super::plan::{self, LeaseSeen, PinPlan, StopChoice};
-use super::preflight::preflight;
+use super::preflight::{Finding, preflight};
 use crate::policy::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
 use crate::policy::selector::Selector;
 use crate::resources::move_window::{
@@ -50,14 +50,10 @@ async fn ensure_open(
     leased: &[PinnedDeployment],
     out: &mut dyn Write,
 ) -> Result<bool> {
-    let api: Api<MoveWindow> = Api::all(c.client.clone());
-    let existing = api
-        .get_opt(&opts.name)
-        .await
-        .map_err(api_err(c, format!("reading MoveWindow {}", opts.name)))?;
+    // `checked` refused an existing window whose selector or stop policy the flags contradict.
     // A window is created (or re-opened) Closed, its Lease-stopped Deployments recorded, and
     // only then set Open: a pin that sees it open always sees which ones not to scale.
-    let (spec, was_open) = match existing {
+    let (spec, was_open) = match read_window(c, &opts.name).await? {
         None => {
             let spec = MoveWindowSpec {
                 state: WindowState::Closed,
@@ -66,40 +62,20 @@ async fn ensure_open(
                 role: c.role,
                 stop: opts.stop,
             };
-            let w = MoveWindow::new(&opts.name, spec.clone());
-            api.create(&PostParams::default(), &w)
+            Api::<MoveWindow>::all(c.client.clone())
+                .create(
+                    &PostParams::default(),
+                    &MoveWindow::new(&opts.name, spec.clone()),
+                )
                 .await
                 .map_err(api_err(c, format!("creating MoveWindow {}", opts.name)))?;
             (spec, false)
         }
         Some(w) => {
-            if let Some(sel) = &opts.selector
-                && w.spec.deployment_selector.as_ref() != Some(sel)
-            {
-                return Err(WindowError::Refused {
-                    cluster: c.label.clone(),
-                    message: format!(
-                        "MoveWindow {} already exists with another deploymentSelector; close it and delete it, or open it without --selector",
-                        opts.name
-                    ),
-                });
-            }
-            if let Some(stop) = opts.stop
-                && w.spec.stop.unwrap_or_default() != stop
-            {
-                return Err(WindowError::Refused {
-                    cluster: c.label.clone(),
-                    message: format!(
-                        "MoveWindow {} already exists with spec.stop {:?}; close it and delete it, or open it without --stop",
-                        opts.name,
-                        w.spec.stop.unwrap_or_default()
-                    ),
-                });
-            }
-            if w.spec.state == WindowState::Open {
+            let open = w.spec.is_open();
+            if open {
                 let _ = writeln!(out, "{}: MoveWindow {} is already open", c.label, opts.name);
             }
-            let open = w.spec.state == WindowState::Open;
             (w.spec, open)
         }
     };
@@ -122,13 +98,7 @@ async fn ensure_open(
     })
     .await?;
     if !was_open {
-        api.patch(
-            &opts.name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"state": "Open"}})),
-        )
-        .await
-        .map_err(api_err(c, format!("opening MoveWindow {}", opts.name)))?;
+        set_state(c, &opts.name, WindowState::Open).await?;
         let _ = writeln!(out, "{}: MoveWindow {} is Open", c.label, opts.name);
     }
     // With the pin's admission policies installed, the window binds them too, so that it
@@ -374,6 +344,14 @@ impl Choice {
     }
 }
 
+/// Whether the preflight's `finding` is about a Deployment stopped by Lease (its webhooks keep
+/// serving).
+fn leased(choices: &[Choice], finding: &Finding) -> bool {
+    choices
+        .iter()
+        .any(|ch| ch.what() == finding.deployment && matches!(ch.plan, Stop::Lease(_)))
+}
+
 /// Read what `open` needs to choose, and choose (nothing is written): every selected
 /// Deployment, the Leases of their namespaces, and what the window already recorded.
 pub async fn choose(
@@ -577,10 +555,7 @@ async fn checked(
     let mut findings = Vec::new();
     for (c, (selector, _, choices)) in clusters.iter().zip(&chosen) {
         for f in preflight(c, selector, &opts.own).await? {
-            let leased = choices
-                .iter()
-                .any(|ch| ch.what() == f.deployment && matches!(ch.plan, Stop::Lease(_)));
-            if leased {
+            if leased(choices, &f) {
                 let _ = writeln!(out, "{f}: stopped by Lease, its webhooks keep serving");
             } else {
                 findings.push(f);
@@ -753,11 +728,7 @@ pub async fn plan_open(
     for c in clusters {
         let (selector, policy, choices) = choose(c, opts).await?;
         let findings = preflight(c, &selector, &opts.own).await?;
-        let existing = Api::<MoveWindow>::all(c.client.clone())
-            .get_opt(&opts.name)
-            .await
-            .map_err(api_err(c, format!("reading MoveWindow {}", opts.name)))?;
-        let window = match &existing {
+        let window = match &read_window(c, &opts.name).await? {
             None => format!("would create MoveWindow {} (Open)", opts.name),
             Some(w) if w.spec.is_open() => format!("MoveWindow {} is already open", opts.name),
             Some(_) => format!("would re-open MoveWindow {}", opts.name),
@@ -768,10 +739,7 @@ pub async fn plan_open(
             c.label
         );
         for f in &findings {
-            let leased = choices
-                .iter()
-                .any(|ch| ch.what() == f.deployment && matches!(ch.plan, Stop::Lease(_)));
-            let verdict = match (leased, opts.allow_webhook_outage) {
+            let verdict = match (leased(&choices, f), opts.allow_webhook_outage) {
                 (true, _) => "stopped by Lease: its webhooks keep serving",
                 (false, true) => "allowed by --allow-webhook-outage",
                 (false, false) => "open would refuse without --allow-webhook-outage",
@@ -833,11 +801,7 @@ async fn in_force(
         cluster: c.label.clone(),
         message,
     };
-    let existing = Api::<MoveWindow>::all(c.client.clone())
-        .get_opt(&opts.name)
-        .await
-        .map_err(api_err(c, format!("reading MoveWindow {}", opts.name)))?;
-    let Some(w) = existing else {
+    let Some(w) = read_window(c, &opts.name).await? else {
         let selector = match &opts.selector {
             Some(sel) => Selector::from_label_selector(sel)
                 .map_err(|e| refused(format!("--selector: {e}")))?,

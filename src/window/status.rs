@@ -8,7 +8,7 @@ use kube::Api;
 use kube::api::ListParams;
 use serde::Serialize;
 
-use super::common::{Cluster, Result, api_err, dep_key, selected_deployments};
+use super::common::{Cluster, Result, api_err, dep_key, read_window, selected_deployments};
 use super::lease;
 use crate::policy::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
 use crate::resources::move_window::{MoveRole, MoveWindow, Strategy, WindowState};
@@ -68,16 +68,11 @@ pub async fn status(
 ) -> Result<Vec<WindowView>> {
     let mut views = Vec::new();
     for c in clusters {
-        let api: Api<MoveWindow> = Api::all(c.client.clone());
         let windows = match name {
-            Some(n) => api
-                .get_opt(n)
-                .await
-                .map_err(api_err(c, format!("reading MoveWindow {n}")))?
-                .into_iter()
-                .collect::<Vec<_>>(),
+            Some(n) => read_window(c, n).await?.into_iter().collect::<Vec<_>>(),
             None => {
-                api.list(&ListParams::default())
+                Api::<MoveWindow>::all(c.client.clone())
+                    .list(&ListParams::default())
                     .await
                     .map_err(api_err(c, "listing MoveWindows"))?
                     .items

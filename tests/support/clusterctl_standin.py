@@ -170,15 +170,20 @@ if a.dry_run:
     sys.exit(0)
 
 # ---- pause ----
+def set_paused(side, value):
+    """setClusterPause: spec.paused on every Cluster of the move, writes retried."""
+    for c in clusters:
+        name = c['metadata']['name']
+        try:
+            retry(f"error setting Cluster.Spec.Paused={value} on {name}", lambda: kubectl(
+                side, '-n', a.namespace, 'patch', 'clusters.cluster.x-k8s.io', name,
+                '--type', 'merge', '-p', json.dumps({'spec': {'paused': value}})))
+        except RuntimeError as e:
+            fail(str(e))
+
+
 log("Pausing the source cluster")
-for c in clusters:
-    name = c['metadata']['name']
-    try:
-        retry(f"error setting Cluster.Spec.Paused=true on {name}", lambda: kubectl(
-            'source', '-n', a.namespace, 'patch', 'clusters.cluster.x-k8s.io', name,
-            '--type', 'merge', '-p', '{"spec":{"paused":true}}'))
-    except RuntimeError as e:
-        fail(str(e))
+set_paused('source', True)
 record('paused')
 
 # ---- wait for block-move ----
@@ -293,13 +298,6 @@ for group in reversed(groups):
 
 # ---- unpause the target ----
 log("Resuming the target cluster")
-for c in clusters:
-    name = c['metadata']['name']
-    try:
-        retry(f"error setting Cluster.Spec.Paused=false on {name}", lambda: kubectl(
-            'target', '-n', a.namespace, 'patch', 'clusters.cluster.x-k8s.io', name,
-            '--type', 'merge', '-p', '{"spec":{"paused":false}}'))
-    except RuntimeError as e:
-        fail(str(e))
+set_paused('target', False)
 record('done')
 log("Move completed")

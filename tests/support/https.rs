@@ -197,7 +197,34 @@ pub fn tls_client_config(
     cfg
 }
 
+/// A CA and a serving certificate it signed for localhost and 127.0.0.1, written as
+/// `dir/tls.crt` and `dir/tls.key`, for the real binary's `--tls-cert`/`--tls-key`.
+pub fn write_loopback_cert(dir: &std::path::Path, name: &str) -> Ca {
+    let ca = Ca::new(name, 1).unwrap();
+    let (cert, key) = ca
+        .serving_cert(&["localhost".into()], &["127.0.0.1".parse().unwrap()], 1)
+        .unwrap();
+    std::fs::write(dir.join("tls.crt"), cert).unwrap();
+    std::fs::write(dir.join("tls.key"), key).unwrap();
+    ca
+}
+
 impl Client {
+    /// Connect once a server just started listens on `addr` (up to 5 s); `None` if it never does.
+    pub async fn connect_when_listening(
+        addr: SocketAddr,
+        ca_pem: &str,
+        proto: Proto,
+    ) -> Option<Client> {
+        for _ in 0..200 {
+            if let Ok(c) = Client::connect(addr, ca_pem, proto, None).await {
+                return Some(c);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        None
+    }
+
     pub async fn connect(
         addr: SocketAddr,
         ca_pem: &str,

@@ -9,15 +9,14 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kube::Api;
 use serde_json::json;
 use tokio::time::Instant;
 
 use super::close::{CloseOptions, Restored, close};
-use super::common::{Cluster, Result, WindowError, api_err, now, record};
+use super::common::{Cluster, Result, WindowError, now, read_window, record};
 use super::move_plan::{self, BLOCK_MOVE, ClusterSeen, ClusterctlFlags, PAUSED_ANNOTATION, Start};
 use super::open::{OpenOptions, check, open, plan_open};
-use crate::resources::move_window::{MoveRecord, MoveWindow, Strategy, WindowState};
+use crate::resources::move_window::{MoveRecord, Strategy, WindowState};
 use child::{Child, ExitStatus, Signals};
 use cluster_api::{CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in, scan};
 
@@ -35,10 +34,8 @@ pub struct MoveOptions {
 }
 
 async fn read_record(c: &Cluster, window: &str) -> Result<Option<MoveRecord>> {
-    Ok(Api::<MoveWindow>::all(c.client.clone())
-        .get_opt(window)
-        .await
-        .map_err(api_err(c, format!("reading MoveWindow {window}")))?
+    Ok(read_window(c, window)
+        .await?
         .and_then(|w| w.status)
         .and_then(|s| s.move_record))
 }
@@ -57,13 +54,6 @@ async fn note(c: &Cluster, window: &str, f: impl Fn(&mut MoveRecord)) -> Result<
         }) if e.code == 404 => Ok(()),
         r => r.map(|_| ()),
     }
-}
-
-async fn window(c: &Cluster, name: &str) -> Result<Option<MoveWindow>> {
-    Api::<MoveWindow>::all(c.client.clone())
-        .get_opt(name)
-        .await
-        .map_err(api_err(c, format!("reading MoveWindow {name}")))
 }
 
 /// A phase: its name on a line, its duration when it ends.
@@ -155,6 +145,30 @@ async fn unpause(
         );
     }
     Ok(())
+}
+
+/// On a re-run: unpause the source's Clusters and ClusterClasses that clusterctl paused in the
+/// recorded attempt (clusterctl refuses to start while any is paused), and forget them.
+async fn unpause_what_clusterctl_paused(
+    source: &Cluster,
+    target: &Cluster,
+    opts: &MoveOptions,
+    r: &MoveRecord,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let ns = &r.namespace;
+    let clusters = move_plan::to_unpause(
+        &r.paused_by_clusterctl,
+        &r.clusters,
+        &clusters_in(source, ns).await?,
+    );
+    let classes = move_plan::to_unpause(
+        &[],
+        &r.cluster_classes,
+        &paused_in(source, ns, CLUSTER_CLASSES).await?,
+    );
+    unpause(source, &clusters, &classes, out).await?;
+    note(target, &opts.window, |m| m.paused_by_clusterctl.clear()).await
 }
 
 /// Run the whole move, or resume it, or abort it.
@@ -255,24 +269,13 @@ pub async fn run(
                 ),
             );
             // Providers lift their block-move only while their controllers run.
-            if window(source, &opts.window)
+            if read_window(source, &opts.window)
                 .await?
                 .is_some_and(|w| w.spec.state == WindowState::Open)
             {
                 close(std::slice::from_ref(source), &opts.close, out).await?;
             }
-            let clusters = move_plan::to_unpause(
-                &r.paused_by_clusterctl,
-                &r.clusters,
-                &clusters_in(source, &ns).await?,
-            );
-            let classes = move_plan::to_unpause(
-                &[],
-                &r.cluster_classes,
-                &paused_in(source, &ns, CLUSTER_CLASSES).await?,
-            );
-            unpause(source, &clusters, &classes, out).await?;
-            note(target, &opts.window, |m| m.paused_by_clusterctl.clear()).await?;
+            unpause_what_clusterctl_paused(source, target, opts, &r, out).await?;
             p.done(out, "the source runs again, the target stays stopped");
         }
         Start::ResumeStopped => {
@@ -284,18 +287,8 @@ pub async fn run(
                 ),
             );
             open(std::slice::from_ref(source), &source_opts, out).await?;
-            let clusters = move_plan::to_unpause(
-                &r.paused_by_clusterctl,
-                &r.clusters,
-                &clusters_in(source, &ns).await?,
-            );
-            let classes = move_plan::to_unpause(
-                &[],
-                &r.cluster_classes,
-                &paused_in(source, &ns, CLUSTER_CLASSES).await?,
-            );
             // Nothing reconciles them: every source controller is stopped.
-            unpause(source, &clusters, &classes, out).await?;
+            unpause_what_clusterctl_paused(source, target, opts, &r, out).await?;
             p.done(
                 out,
                 "the source stays stopped, its Clusters unpaused for clusterctl",
@@ -471,7 +464,7 @@ async fn restore(
     let mut done = Vec::new();
     for c in [target, source] {
         let p = phase(out, &format!("restoring the {}'s controllers", c.label));
-        if window(c, &opts.window).await?.is_some() {
+        if read_window(c, &opts.window).await?.is_some() {
             restored.extend(close(std::slice::from_ref(c), &opts.close, out).await?);
         }
         p.done(out, &format!("the {}'s controllers run again", c.label));
@@ -789,7 +782,7 @@ async fn abort(
     let mut restored = Vec::new();
     for c in [source, target] {
         let p = phase(out, &format!("restoring the {}'s controllers", c.label));
-        if window(c, &opts.window).await?.is_some() {
+        if read_window(c, &opts.window).await?.is_some() {
             restored.extend(close(std::slice::from_ref(c), &opts.close, out).await?);
         }
         p.done(out, &format!("the {}'s controllers run again", c.label));
