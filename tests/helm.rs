@@ -92,6 +92,7 @@ fn helm_python() -> Option<PathBuf> {
 struct Helm {
     python: PathBuf,
     kubeconfig: PathBuf,
+    namespace: &'static str,
 }
 
 /// A release as the engine reports it.
@@ -108,7 +109,7 @@ impl Helm {
     fn call(&self, mut request: Value) -> Result<Value, String> {
         let fields = request.as_object_mut().expect("a request is an object");
         fields.insert("kubeconfig".into(), json!(self.kubeconfig));
-        fields.insert("namespace".into(), json!(NAMESPACE));
+        fields.insert("namespace".into(), json!(self.namespace));
         fields.insert("release".into(), json!(RELEASE));
         fields
             .entry("chart")
@@ -233,6 +234,11 @@ fn parse(text: &str, what: &str) -> Objects {
 
 /// `kubectl kustomize manifests/<dir>`, less the Namespace and the CRD (the chart's crds/).
 fn kustomize(dir: &str) -> Objects {
+    kustomize_in(dir, NAMESPACE)
+}
+
+/// The same with every `handoff-system` read as `namespace`.
+fn kustomize_in(dir: &str, namespace: &str) -> Objects {
     let path = root().join("manifests").join(dir);
     let out = Command::new("kubectl")
         .arg("kustomize")
@@ -244,7 +250,8 @@ fn kustomize(dir: &str) -> Objects {
         "kubectl kustomize manifests/{dir}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut objects = parse(&String::from_utf8_lossy(&out.stdout), dir);
+    let text = String::from_utf8_lossy(&out.stdout).replace(NAMESPACE, namespace);
+    let mut objects = parse(&text, dir);
     objects.retain(|_, o| !matches!(o["kind"].as_str(), Some("Namespace")));
     let crd = format!("CustomResourceDefinition /{CRD}");
     objects.remove(&crd);
@@ -493,7 +500,11 @@ fn helm_lint_is_clean() {
     let dir = tempfile::tempdir().expect("temporary folder");
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, "").unwrap();
-    let helm = Helm { python, kubeconfig };
+    let helm = Helm {
+        python,
+        kubeconfig,
+        namespace: NAMESPACE,
+    };
     let lint = |chart: &Path| {
         helm.call(json!({"action": "lint", "chart": chart}))
             .unwrap_or_else(|e| panic!("helm lint {}: {e}", chart.display()))
@@ -560,8 +571,9 @@ fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
     let api = ApiServer::start();
     install_foreign_crds(&api);
     let helm = Helm {
-        python,
+        python: python.clone(),
         kubeconfig: api.kubeconfig(ADMIN),
+        namespace: NAMESPACE,
     };
 
     // Bad values are refused before anything is written, each with a message naming it.
@@ -792,6 +804,41 @@ fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
         "left after uninstall: {labelled}"
     );
 
+    // 8. Another namespace: every reference follows it, and the guard is told where the policy
+    // parameter ConfigMap its Role covers lives.
+    let elsewhere = Helm {
+        python,
+        kubeconfig: api.kubeconfig(ADMIN),
+        namespace: "platform-webhooks",
+    };
+    let moved = elsewhere
+        .install(json!({"certificate": {"mode": "certManager"}}))
+        .expect("helm install -n platform-webhooks");
+    let mut want = kustomize_in("overlays/cert-manager", elsewhere.namespace);
+    let args = want
+        .get_mut("Deployment platform-webhooks/handoff-guard")
+        .and_then(|guard| guard.pointer_mut("/spec/template/spec/containers/0/args"))
+        .and_then(Value::as_array_mut)
+        .expect("the guard's args");
+    let at = args.iter().position(|a| a == "sync-finalizer").unwrap() + 1;
+    args.splice(
+        at..at,
+        [
+            json!("--policy-params"),
+            json!("$(POD_NAMESPACE)/handoff-sync-targets"),
+        ],
+    );
+    assert_same(
+        &want,
+        &parse(&moved.manifest, "platform-webhooks"),
+        "-n platform-webhooks, certManager",
+    );
+    assert_installed(&api, &moved);
+    elsewhere
+        .call(json!({"action": "uninstall"}))
+        .expect("helm uninstall -n platform-webhooks");
+    assert!(present(&api, &moved.manifest).is_empty());
+
     // The manifests register the webhooks exactly as the chart did: apply the base's two
     // configurations to the same API server and compare what it stored.
     let out = Command::new("kubectl")
@@ -814,7 +861,7 @@ fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
         "the API server stored other webhooks from manifests/base than from the chart"
     );
     eprintln!(
-        "helm: install, 5 upgrades, the way back and uninstall in {:.1?}",
+        "helm: install, 5 upgrades, the way back, uninstall, another namespace in {:.1?}",
         started.elapsed()
     );
 }
