@@ -643,6 +643,20 @@ fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
         crd["metadata"]
     );
     let installed_webhooks = stored_webhooks(&api);
+    // The README's CRD upgrade (Helm never upgrades crds/) applies over Helm's install.
+    api.ok(
+        ADMIN,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            root()
+                .join("charts/handoff/crds/movewindow-crd.yaml")
+                .to_str()
+                .unwrap(),
+        ],
+    );
 
     // 2. cert-manager issues the certificate: the cert-manager overlay.
     let cert_manager = helm.upgrade(json!({"certificate": {"mode": "certManager"}}));
