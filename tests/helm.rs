@@ -576,7 +576,8 @@ fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
         namespace: NAMESPACE,
     };
 
-    // Bad values are refused before anything is written, each with a message naming it.
+    // Bad values are refused before any object of the release is written, each with a message
+    // naming it.
     for (values, says) in [
         (
             json!({"guard": {"replcas": 2}}),
@@ -614,6 +615,8 @@ fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
         assert!(error.contains(says), "install with {values}: {error}");
     }
     assert!(helm.list().is_empty(), "a refused install left a release");
+    // Helm puts crds/ in before it checks the values (the helm CLI does the same): only the CRD.
+    assert!(exists(&api, &["crd", CRD]));
     assert!(!exists(
         &api,
         &["deployments", "-n", NAMESPACE, "handoff-guard"]
