@@ -502,9 +502,14 @@ fn temp_dir(prefix: &str) -> tempfile::TempDir {
 fn loopback_serving_cert(name: &str) -> (Ca, String, String) {
     let ca = Ca::new(name, 30).expect("CA");
     let (cert, key) = ca
+        // Also the `kubernetes` Service's ClusterIP (the first address of envtest's service
+        // range), where pods reach the API server in `support::kubelet`'s cluster.
         .serving_cert(
-            &["localhost".into()],
-            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            &["localhost".into(), "kubernetes.default.svc".into()],
+            &[
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            ],
             30,
         )
         .expect("serving cert");

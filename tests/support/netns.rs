@@ -148,7 +148,8 @@ fn run_in_netns(test_name: &str) {
     cmd.arg("--net")
         .arg("--")
         .arg(&exe)
-        .args(["--exact", test_name, "--nocapture", "--test-threads", "1"])
+        // `--include-ignored`: an `#[ignore]`d test asked for by name (`-- --ignored NAME`) runs too.
+        .args(["--exact", test_name, "--include-ignored", "--nocapture", "--test-threads", "1"])
         .env(IN_NETNS, "1")
         .env(OUTER_NETNS, own_netns())
         .stdin(Stdio::null())

@@ -1,0 +1,233 @@
+//! handoff as the manifests deploy it (`support::shipped`): the API server calls both webhooks
+//! through their Services (ClusterIP, port 443, the paths), verifies the serving certificate
+//! for `<service>.handoff-system.svc` against the caBundle cainjector would inject, and reaches
+//! pods that run with the Deployments' own args, env, mounted Secret, ServiceAccount token and
+//! RBAC, made ready by their own probes (`support::kubelet`, `support::kube_proxy`). No webhook
+//! configuration is rewritten.
+//!
+//! `deployed_as_shipped` (every run): each kind of request answered right, then under load one
+//! rollout of each Deployment, a `kill -9` of a replica and a certificate rotation, with no
+//! failed call and no wrong answer. `rollout_under_load` (`cargo test --test deployed --
+//! --ignored --nocapture rollout_under_load`) is the measurement the README reports: three
+//! rollouts of each at 25 requests a second.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::apiserver::{
+    ADMIN, ApiServer, LOCATOR, SYNCER, SYNC_TARGET_KEY, app_deployment, capi_deployment,
+    handoff_cmd, text,
+};
+use support::load::{Load, Report, Targets};
+use support::shipped::{NAMESPACE, Shipped, get_json};
+
+const ROLLOUT_WITHIN: Duration = Duration::from_secs(120);
+
+#[test]
+fn deployed_as_shipped() {
+    if support::apiserver::skip() || !support::netns::in_own_netns("deployed_as_shipped") {
+        return;
+    }
+    let report = exercise(1, 10);
+    let wrong = report.wrong();
+    assert!(wrong.is_empty(), "wrong answers: {wrong:#?}");
+    assert!(
+        report.all.failed.is_empty(),
+        "failed webhook calls: {:#?}",
+        report.all.failed
+    );
+}
+
+#[test]
+#[ignore = "the rollout measurement (about 4 minutes): cargo test --test deployed -- --ignored --nocapture rollout_under_load"]
+fn rollout_under_load() {
+    if support::apiserver::skip() || !support::netns::in_own_netns("rollout_under_load") {
+        return;
+    }
+    let report = exercise(3, 25);
+    let wrong = report.wrong();
+    assert!(wrong.is_empty(), "wrong answers: {wrong:#?}");
+    assert!(
+        report.all.failed.is_empty(),
+        "failed webhook calls: {:#?}",
+        report.all.failed
+    );
+}
+
+/// Deploy, check the deployment is the shipped one, then load at `per_second` through
+/// `rollouts` rollouts of each Deployment, one `kill -9` and one certificate rotation.
+fn exercise(rollouts: usize, per_second: u32) -> Report {
+    let api = ApiServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = Instant::now();
+    let shipped = Shipped::deploy(&api, dir.path());
+    println!(
+        "deployed as shipped in {:.1} s: {:?}",
+        started.elapsed().as_secs_f64(),
+        shipped
+            .kubelet
+            .pods()
+            .iter()
+            .map(|p| format!("{} {}", p.name, p.ip))
+            .collect::<Vec<_>>()
+    );
+    registered_as_shipped(&api, &shipped);
+    let targets = prepare(&api);
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let admin = rt.block_on(config(&api));
+    let mut syncer = admin.clone();
+    syncer.auth_info.impersonate = Some(SYNCER.into());
+
+    // Every kind of request, answered right before anything moves.
+    let quiet = Load::start(admin.clone(), syncer.clone(), targets.clone(), 10);
+    std::thread::sleep(Duration::from_secs(3));
+    let first = Report::new(&quiet.stop(), &[]);
+    first.print("before any disturbance");
+    assert!(first.all.right == first.all.sent && first.all.sent >= 25, "not every request was answered right: see above");
+
+    let load = Load::start(admin, syncer, targets, per_second);
+    let mut windows = Vec::new();
+    std::thread::sleep(Duration::from_secs(3));
+    let k = &shipped.kubelet;
+    for round in 0..rollouts {
+        for d in shipped.deployments() {
+            let from = load.elapsed();
+            k.rollout(NAMESPACE, &d, ROLLOUT_WITHIN);
+            k.wait_terminated(&d, Duration::from_secs(60));
+            windows.push((from, load.elapsed()));
+            println!(
+                "rollout {} of {d}: {:.1} s",
+                round + 1,
+                (load.elapsed() - from).as_secs_f64()
+            );
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+
+    // A crash: kill -9 of one guard replica; the kubelet restarts it, its probe readmits it.
+    let victim = k
+        .pods_of("handoff-guard")
+        .into_iter()
+        .find(|p| p.ready)
+        .expect("a ready guard pod");
+    let from = load.elapsed();
+    k.signal_pod(&victim.name, libc::SIGKILL);
+    support::apiserver::eventually("the killed pod restarted", Duration::from_secs(10), || {
+        k.pods().iter().any(|p| p.name == victim.name && p.restarts == 1).then_some(())
+    });
+    k.wait_ready(&victim.name, Duration::from_secs(60));
+    windows.push((from, load.elapsed()));
+    println!(
+        "kill -9 of {}: ready again after {:.1} s",
+        victim.name,
+        (load.elapsed() - from).as_secs_f64()
+    );
+
+    // A certificate renewal: the Secret replaced, every pod's volume swapped by `..data`.
+    let from = load.elapsed();
+    shipped.rotate_serving_certificate(&api);
+    std::thread::sleep(Duration::from_secs(5));
+    windows.push((from, load.elapsed()));
+    std::thread::sleep(Duration::from_secs(3));
+
+    let samples = load.stop();
+    let report = Report::new(&samples, &windows);
+    report.print(&format!(
+        "{rollouts} rollout(s) of each Deployment, a kill -9, a rotation, {per_second}/s"
+    ));
+    for (t, e) in k.events() {
+        if e.contains("rollout") || e.contains("signal") || e.contains("updated") {
+            println!("  {t:>7.1} s  {e}");
+        }
+    }
+    if !report.wrong().is_empty() || !report.all.failed.is_empty() {
+        for p in k.pods() {
+            println!("--- {} ---\n{}", p.name, tail(&k.pod_log(&p.name), 30));
+        }
+    }
+    // The rotated certificate is the one served (every pod reloaded it).
+    let served = rotated_everywhere(&shipped);
+    assert!(served, "a pod still serves the certificate from before the rotation");
+    k.shutdown();
+    report
+}
+
+/// The webhook configurations in the API server are the shipped ones: Services, paths, port
+/// 443, the injected CA, no `url`.
+fn registered_as_shipped(api: &ApiServer, shipped: &Shipped) {
+    use base64::Engine as _;
+    let want_ca = base64::engine::general_purpose::STANDARD.encode(&shipped.ca.cert_pem);
+    for kind in ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"] {
+        let c = get_json(api, &["get", kind, "handoff"]);
+        for w in c["webhooks"].as_array().expect("webhooks") {
+            let cc = &w["clientConfig"];
+            assert!(cc["url"].is_null(), "{kind} {}: a url", w["name"]);
+            assert_eq!(cc["service"]["namespace"], NAMESPACE);
+            assert_eq!(cc["service"]["port"], 443);
+            assert_eq!(cc["caBundle"], want_ca.as_str(), "{}: caBundle", w["name"]);
+        }
+    }
+}
+
+/// The namespaces, objects and open window the load needs.
+fn prepare(api: &ApiServer) -> Targets {
+    api.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: test-syncers\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\nsubjects:\n- kind: User\n  name: {SYNCER}\n"
+    ));
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: held\n  annotations:\n    kcp.io/namespace-locator: '{LOCATOR}'\n    finalizers.workload.kcp.io/{SYNC_TARGET_KEY}: migrating\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: free\n  annotations:\n    kcp.io/namespace-locator: '{LOCATOR}'\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: held\n  namespace: held\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: apps\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: capi-system\n"
+    ));
+    api.apply(&app_deployment("apps", "web", 1));
+    api.apply(&capi_deployment("capi-system", "capi-controller-manager", Some(1)));
+    let out = handoff_cmd(api, &["window", "open", "capi-move", "--wait-timeout", "0s"]);
+    assert!(
+        out.status.success(),
+        "window open: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    Targets {
+        held_namespace: "held".into(),
+        free_namespace: "free".into(),
+        app: ("apps".into(), "web".into()),
+        controller: ("capi-system".into(), "capi-controller-manager".into()),
+    }
+}
+
+async fn config(api: &ApiServer) -> kube::Config {
+    let kc = kube::config::Kubeconfig::read_from(api.kubeconfig(ADMIN)).expect("kubeconfig");
+    kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .expect("config")
+}
+
+/// Every running pod serves the certificate now in the Secret.
+fn rotated_everywhere(shipped: &Shipped) -> bool {
+    let want = shipped.current_serving_cert();
+    support::apiserver::eventually(
+        "every pod serves the rotated certificate",
+        Duration::from_secs(30),
+        || {
+            shipped
+                .kubelet
+                .pods()
+                .iter()
+                .filter(|p| !p.terminating && p.ready)
+                .all(|p| served_cert(p.ip).as_ref() == Some(&want))
+                .then_some(())
+        },
+    );
+    true
+}
+
+/// The leaf certificate (DER) served at `ip:8443`.
+fn served_cert(ip: std::net::Ipv4Addr) -> Option<Vec<u8>> {
+    support::kubelet::peer_certificate(std::net::SocketAddr::from((ip, 8443)))
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -1,0 +1,219 @@
+//! A kube-proxy for the test's network namespace: each Service's ClusterIP and port, listened on
+//! (the address put on `lo`), sends every new connection to one endpoint that is ready and not
+//! terminating, chosen when the connection opens, and keeps an established connection where it
+//! is however the endpoints change afterwards: what iptables/IPVS with conntrack do.
+//!
+//! Forwarding is byte for byte in both directions, and a half-close is passed on as a half-close
+//! (a FIN from one side becomes a `shutdown(Write)` towards the other), as NAT passes a FIN; a
+//! reset or read error on one side resets the other. Where a real kube-proxy differs: with no
+//! endpoint, iptables rejects the SYN (connection refused); here the connection is accepted and
+//! reset at once, which a client sees as a reset on its first read or write.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One endpoint of a Service, as the endpoints controller would list it.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub pod: String,
+    pub addr: SocketAddr,
+}
+
+/// Where a Service's connections go: asked on every new connection.
+pub type Resolver = Arc<dyn Fn() -> Vec<Endpoint> + Send + Sync>;
+
+/// One Service port being proxied; stops listening when dropped (established connections go on
+/// until either side closes).
+pub struct ServicePort {
+    pub cluster_ip: Ipv4Addr,
+    pub port: u16,
+    stopped: Arc<AtomicBool>,
+    /// Connections opened, and connections that found no endpoint.
+    pub connections: Arc<AtomicU64>,
+    pub refused: Arc<AtomicU64>,
+    /// Which pod each connection went to, in order, for a test to check the spread.
+    pub routed: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServicePort {
+    /// Listen on `cluster_ip:port` (which must already be on `lo`) and proxy to `resolve()`.
+    pub fn start(name: &str, cluster_ip: Ipv4Addr, port: u16, resolve: Resolver) -> ServicePort {
+        let listener = TcpListener::bind((cluster_ip, port))
+            .unwrap_or_else(|e| panic!("kube-proxy for {name}: bind {cluster_ip}:{port}: {e}"));
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stopped = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(AtomicU64::new(0));
+        let refused = Arc::new(AtomicU64::new(0));
+        let routed = Arc::new(Mutex::new(Vec::new()));
+        let (s, c, r, ro) = (
+            stopped.clone(),
+            connections.clone(),
+            refused.clone(),
+            routed.clone(),
+        );
+        let counter = AtomicU64::new(0);
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let client = match listener.accept() {
+                    Ok((client, _)) => client,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
+                let _ = client.set_nonblocking(false);
+                c.fetch_add(1, Ordering::Relaxed);
+                let endpoints = resolve();
+                if endpoints.is_empty() {
+                    r.fetch_add(1, Ordering::Relaxed);
+                    reset(&client);
+                    continue;
+                }
+                // Random in kube-proxy's iptables mode; round-robin here, so that a test run
+                // spreads the same way every time.
+                let n = counter.fetch_add(1, Ordering::Relaxed) as usize;
+                let ep = endpoints[n % endpoints.len()].clone();
+                ro.lock().unwrap().push(ep.pod.clone());
+                std::thread::spawn(move || forward(client, ep.addr));
+            }
+        });
+        ServicePort {
+            cluster_ip,
+            port,
+            stopped,
+            connections,
+            refused,
+            routed,
+        }
+    }
+}
+
+impl Drop for ServicePort {
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Close with a reset (SO_LINGER 0), as a refused or broken NAT'd connection looks.
+fn reset(s: &TcpStream) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a valid socket fd and a correctly sized linger struct.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    let _ = s.shutdown(Shutdown::Both);
+}
+
+fn forward(client: TcpStream, to: SocketAddr) {
+    let server = match TcpStream::connect_timeout(&to, Duration::from_secs(3)) {
+        Ok(s) => s,
+        Err(_) => {
+            // The pod went away between the choice and the connect: what a client sees from
+            // a NAT'd SYN to a dead pod is a timeout or a refusal; a reset is the nearest.
+            reset(&client);
+            return;
+        }
+    };
+    let _ = server.set_nodelay(true);
+    let _ = client.set_nodelay(true);
+    let (c2, s2) = match (client.try_clone(), server.try_clone()) {
+        (Ok(c), Ok(s)) => (c, s),
+        _ => return,
+    };
+    let up = std::thread::spawn(move || pipe(c2, s2));
+    pipe(server, client);
+    let _ = up.join();
+}
+
+/// Copy `from` → `to` until EOF (then half-close `to`) or an error (then reset both).
+fn pipe(mut from: TcpStream, mut to: TcpStream) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => {
+                let _ = to.shutdown(Shutdown::Write);
+                return;
+            }
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    reset(&from);
+                    return;
+                }
+            }
+            Err(_) => {
+                reset(&to);
+                return;
+            }
+        }
+    }
+}
+
+/// The Services of one namespace as the API server holds them: name → (ClusterIP, selector,
+/// ports as `(port, targetPort)`; a named targetPort is left for the caller to resolve).
+pub fn services(list: &serde_json::Value) -> BTreeMap<String, ServiceView> {
+    let mut out = BTreeMap::new();
+    for s in list["items"].as_array().into_iter().flatten() {
+        let name = s["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let Some(ip) = s["spec"]["clusterIP"].as_str().and_then(|ip| ip.parse().ok()) else {
+            continue;
+        };
+        let selector = s["spec"]["selector"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let ports = s["spec"]["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| ServicePortView {
+                name: p["name"].as_str().unwrap_or_default().to_string(),
+                port: p["port"].as_u64().unwrap_or_default() as u16,
+                target_port: p["targetPort"].clone(),
+            })
+            .collect();
+        out.insert(
+            name,
+            ServiceView {
+                cluster_ip: ip,
+                selector,
+                ports,
+            },
+        );
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+pub struct ServiceView {
+    pub cluster_ip: Ipv4Addr,
+    pub selector: BTreeMap<String, String>,
+    pub ports: Vec<ServicePortView>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServicePortView {
+    pub name: String,
+    pub port: u16,
+    /// A number or a container port's name, as written in the Service.
+    pub target_port: serde_json::Value,
+}
