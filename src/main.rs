@@ -946,9 +946,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let shutdown = async move {
         wait_for_signal().await;
         // Fail readiness first, so the endpoint is removed while we still answer.
-        health
-            .draining
-            .store(true, std::sync::atomic::Ordering::Release);
+        health.start_drain();
         tracing::info!(
             ?drain_delay,
             "SIGTERM: readiness now fails; closing the listener after the drain delay"

@@ -16,7 +16,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::apiserver::{
-    ADMIN, ApiServer, LOCATOR, SYNCER, SYNC_TARGET_KEY, app_deployment, capi_deployment,
+    ADMIN, ApiServer, LOCATOR, SYNC_TARGET_KEY, SYNCER, app_deployment, capi_deployment,
     handoff_cmd, text,
 };
 use support::load::{Load, Report, Targets};
@@ -45,7 +45,13 @@ fn rollout_under_load() {
     if support::apiserver::skip() || !support::netns::in_own_netns("rollout_under_load") {
         return;
     }
-    let report = exercise(3, 25);
+    let env = |k: &str, d: u32| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let report = exercise(env("HANDOFF_ROLLOUTS", 3) as usize, env("HANDOFF_RATE", 25));
     let wrong = report.wrong();
     assert!(wrong.is_empty(), "wrong answers: {wrong:#?}");
     assert!(
@@ -85,14 +91,23 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
     std::thread::sleep(Duration::from_secs(3));
     let first = Report::new(&quiet.stop(), &[]);
     first.print("before any disturbance");
-    assert!(first.all.right == first.all.sent && first.all.sent >= 25, "not every request was answered right: see above");
+    assert!(
+        first.all.right == first.all.sent && first.all.sent >= 25,
+        "not every request was answered right: see above"
+    );
 
     let load = Load::start(admin, syncer, targets, per_second);
+    let load_started = load.started;
     let mut windows = Vec::new();
     std::thread::sleep(Duration::from_secs(3));
     let k = &shipped.kubelet;
     for round in 0..rollouts {
-        for d in shipped.deployments() {
+        let only = std::env::var("HANDOFF_ROLLOUT_ONLY").ok();
+        for d in shipped
+            .deployments()
+            .into_iter()
+            .filter(|d| only.as_ref().is_none_or(|o| o == d))
+        {
             let from = load.elapsed();
             k.rollout(NAMESPACE, &d, ROLLOUT_WITHIN);
             k.wait_terminated(&d, Duration::from_secs(60));
@@ -106,16 +121,22 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
         }
     }
 
-    // A crash: kill -9 of one guard replica; the kubelet restarts it, its probe readmits it.
+    // A crash: kill -9 of the guard replica that took the API server's latest connection (the
+    // one carrying its calls); the kubelet restarts it, its probe readmits it.
+    let carrying = k.proxy("handoff-guard:https").last_routed();
     let victim = k
         .pods_of("handoff-guard")
         .into_iter()
-        .find(|p| p.ready)
+        .filter(|p| p.ready)
+        .max_by_key(|p| Some(&p.name) == carrying.as_ref())
         .expect("a ready guard pod");
     let from = load.elapsed();
     k.signal_pod(&victim.name, libc::SIGKILL);
     support::apiserver::eventually("the killed pod restarted", Duration::from_secs(10), || {
-        k.pods().iter().any(|p| p.name == victim.name && p.restarts == 1).then_some(())
+        k.pods()
+            .iter()
+            .any(|p| p.name == victim.name && p.restarts == 1)
+            .then_some(())
     });
     k.wait_ready(&victim.name, Duration::from_secs(60));
     windows.push((from, load.elapsed()));
@@ -142,14 +163,44 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
             println!("  {t:>7.1} s  {e}");
         }
     }
+    for t in k.traffic() {
+        println!("  {t}");
+    }
     if !report.wrong().is_empty() || !report.all.failed.is_empty() {
-        for p in k.pods() {
-            println!("--- {} ---\n{}", p.name, tail(&k.pod_log(&p.name), 30));
+        let t0 = std::time::SystemTime::now() - load_started.elapsed();
+        for f in report.all.failed.iter().chain(&report.all.wrong) {
+            println!("failure: {f}");
         }
+        println!("load started at {}", wall(t0));
+        for name in ["handoff-guard:https", "handoff-pin:https"] {
+            for c in k.proxy(name).log.lock().unwrap().iter() {
+                let ends: Vec<String> = c
+                    .ends
+                    .iter()
+                    .map(|(t, w)| format!("{w} {}", wall(*t)))
+                    .collect();
+                println!("  {name} -> {} opened {} {ends:?}", c.pod, wall(c.opened));
+            }
+        }
+        let keep = std::env::temp_dir().join(format!("handoff-deployed-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&keep);
+        for e in std::fs::read_dir(dir.path().join("node/pods"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.path().extension().is_some_and(|x| x == "log") {
+                let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
+            }
+        }
+        println!("every pod's log is kept in {}", keep.display());
     }
     // The rotated certificate is the one served (every pod reloaded it).
     let served = rotated_everywhere(&shipped);
-    assert!(served, "a pod still serves the certificate from before the rotation");
+    assert!(
+        served,
+        "a pod still serves the certificate from before the rotation"
+    );
     k.shutdown();
     report
 }
@@ -159,7 +210,10 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
 fn registered_as_shipped(api: &ApiServer, shipped: &Shipped) {
     use base64::Engine as _;
     let want_ca = base64::engine::general_purpose::STANDARD.encode(&shipped.ca.cert_pem);
-    for kind in ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"] {
+    for kind in [
+        "validatingwebhookconfiguration",
+        "mutatingwebhookconfiguration",
+    ] {
         let c = get_json(api, &["get", kind, "handoff"]);
         for w in c["webhooks"].as_array().expect("webhooks") {
             let cc = &w["clientConfig"];
@@ -180,8 +234,15 @@ fn prepare(api: &ApiServer) -> Targets {
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: held\n  annotations:\n    kcp.io/namespace-locator: '{LOCATOR}'\n    finalizers.workload.kcp.io/{SYNC_TARGET_KEY}: migrating\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: free\n  annotations:\n    kcp.io/namespace-locator: '{LOCATOR}'\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: held\n  namespace: held\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: apps\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: capi-system\n"
     ));
     api.apply(&app_deployment("apps", "web", 1));
-    api.apply(&capi_deployment("capi-system", "capi-controller-manager", Some(1)));
-    let out = handoff_cmd(api, &["window", "open", "capi-move", "--wait-timeout", "0s"]);
+    api.apply(&capi_deployment(
+        "capi-system",
+        "capi-controller-manager",
+        Some(1),
+    ));
+    let out = handoff_cmd(
+        api,
+        &["window", "open", "capi-move", "--wait-timeout", "0s"],
+    );
     assert!(
         out.status.success(),
         "window open: {}{}",
@@ -227,7 +288,15 @@ fn served_cert(ip: std::net::Ipv4Addr) -> Option<Vec<u8>> {
     support::kubelet::peer_certificate(std::net::SocketAddr::from((ip, 8443)))
 }
 
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+/// Wall-clock time as the pods' JSON logs write it (UTC, to the millisecond).
+fn wall(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let s = d.as_secs() % 86400;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        s / 3600,
+        s % 3600 / 60,
+        s % 60,
+        d.subsec_millis()
+    )
 }

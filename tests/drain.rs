@@ -215,3 +215,77 @@ async fn sigterm_under_load_answers_every_accepted_request() {
     );
     assert!(log.contains("all connections drained"), "{log}");
 }
+
+/// From the start of the drain (while the listener still accepts, for the drain delay), clients
+/// are moved off the server without a race: an HTTP/1.1 answer says `Connection: close` and the
+/// connection is closed after it, so a pooled connection is never written to as the server
+/// closes it (the API server's `EOF`); an HTTP/2 connection gets a GOAWAY at once. New
+/// connections are still served until the listener closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_moves_clients_off_before_the_listener_closes() {
+    use support::https::{TestServer, fixture_state};
+    let server = TestServer::start(fixture_state()).await;
+    let mut h1 = server.connect(Proto::H1).await;
+    let mut h2 = server.connect(Proto::H2).await;
+    let before = h1.get("/healthz").await;
+    assert_eq!(before.status, 200);
+    assert_eq!(before.connection, None, "keep-alive before the drain");
+    assert_eq!(h2.get("/healthz").await.status, 200);
+
+    server.app.health.start_drain();
+    // HTTP/2: the GOAWAY arrives without any request.
+    let mut waited = Duration::ZERO;
+    while !h2.is_closed() {
+        assert!(
+            waited < Duration::from_secs(5),
+            "no GOAWAY on the HTTP/2 connection"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
+    // HTTP/1.1: the next answer is still given, and says the connection ends with it.
+    let during = h1.get("/healthz").await;
+    assert_eq!(
+        during.status,
+        200,
+        "answered while draining: {}",
+        during.text()
+    );
+    assert_eq!(during.connection.as_deref(), Some("close"));
+    let mut waited = Duration::ZERO;
+    while !h1.is_closed() {
+        assert!(
+            waited < Duration::from_secs(5),
+            "the HTTP/1.1 connection stayed open after Connection: close"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
+    // The listener is still open: a new client is served (and told to go too).
+    let mut late = server.connect(Proto::H1).await;
+    let r = late
+        .review(
+            "/validate/sync-finalizer",
+            fixture("delete-configmap-by-syncer.json"),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.connection.as_deref(), Some("close"));
+    let mut late2 = server.connect(Proto::H2).await;
+    let r = late2
+        .review(
+            "/validate/sync-finalizer",
+            fixture("delete-configmap-by-syncer.json"),
+        )
+        .await;
+    assert_eq!(
+        r.status, 200,
+        "an HTTP/2 client that connects during the drain is answered"
+    );
+    assert_eq!(
+        late2.get("/healthz").await.status,
+        200,
+        "and kept until the listener closes"
+    );
+    server.stop().await;
+}

@@ -23,7 +23,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -57,12 +56,46 @@ impl Default for Limits {
 }
 
 /// Liveness and readiness facts.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Health {
     /// The TLS listener accepted a connection from the server itself.
     pub listener_answers: AtomicBool,
     /// SIGTERM received: readiness fails so the endpoint is removed before connections stop.
     pub draining: AtomicBool,
+    /// The same fact for connections to wait on (`start_drain`).
+    drain: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            listener_answers: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            drain: tokio::sync::watch::Sender::new(false),
+        }
+    }
+}
+
+impl Health {
+    /// Begin the drain. Readiness fails, so the endpoint leaves the Service; and clients are
+    /// moved off this pod while it still answers: HTTP/2 connections get a GOAWAY at once, and
+    /// every HTTP/1.1 answer from now on says `Connection: close`. The API server calls
+    /// admission webhooks over HTTP/1.1 with a pool of keep-alive connections (kubernetes
+    /// PR #82090), and a POST it writes onto a pooled connection just as the server closes it
+    /// fails with `EOF` and is not retried: a connection the client was told to close is never
+    /// reused, so by the time the listener closes no client is about to write on one of ours.
+    pub fn start_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.drain.send_replace(true);
+    }
+
+    /// Resolves once `start_drain` has been called (at once if it already was).
+    fn drain_started(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.drain.subscribe();
+        async move {
+            let _ = rx.wait_for(|d| *d).await;
+        }
+    }
 }
 
 /// What every handler shares. One `Arc`: axum clones the state for every extractor of every
@@ -566,7 +599,8 @@ fn log_decision(
 }
 
 /// Serve HTTPS on `listener` until `shutdown` resolves, then drain: stop accepting, let
-/// in-flight requests finish (at most `drain_timeout`), and return.
+/// in-flight requests finish (at most `drain_timeout`), and return. From `Health::start_drain`
+/// on (before `shutdown`, by the drain delay), connections are already being moved away.
 pub async fn run(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -576,11 +610,12 @@ pub async fn run(
     drain_timeout: Duration,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let graceful = GracefulShutdown::new();
     let local = listener.local_addr().ok();
     if let Some(addr) = local {
-        tokio::spawn(self_check(addr, health));
+        tokio::spawn(self_check(addr, health.clone()));
     }
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -595,57 +630,117 @@ pub async fn run(
                 }
             },
         };
+        while connections.try_join_next().is_some() {}
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let service = service.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let tls =
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
-                };
-            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-            let svc = TowerToHyperService::new(service);
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            // A client that opens a connection and never finishes its headers must not hold
-            // it forever; bodies are bounded by the request deadline in the handler.
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10));
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .keep_alive_interval(Duration::from_secs(30))
-                .keep_alive_timeout(Duration::from_secs(10));
-            let builder = if h2 {
-                builder.http2_only()
-            } else {
-                builder.http1_only()
-            };
-            let conn = builder.serve_connection(TokioIo::new(tls), svc);
-            if let Err(e) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
+        let conn = serve_connection(
+            tcp,
+            peer,
+            acceptor.clone(),
+            service.clone(),
+            health.clone(),
+            closing.clone(),
+        );
+        connections.spawn(conn);
     }
     drop(listener);
+    let _ = closing_tx.send(true);
     tracing::info!("listener closed; draining in-flight requests");
-    match tokio::time::timeout(drain_timeout, graceful.shutdown()).await {
+    let drained = async { while connections.join_next().await.is_some() {} };
+    match tokio::time::timeout(drain_timeout, drained).await {
         Ok(()) => tracing::info!("all connections drained"),
-        Err(_) => tracing::warn!(
-            ?drain_timeout,
-            "drain timed out; closing remaining connections"
-        ),
+        Err(_) => {
+            tracing::warn!(
+                ?drain_timeout,
+                "drain timed out; closing remaining connections"
+            );
+            connections.abort_all();
+        }
     }
+}
+
+/// One accepted connection: TLS, then HTTP/2 or HTTP/1.1 by ALPN, until the client closes it
+/// or the drain does (gracefully: in-flight requests are answered first).
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    service: Router,
+    health: Arc<Health>,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) {
+    let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client that opens a connection and never finishes its headers must not hold it
+    // forever; bodies are bounded by the request deadline in the handler.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(10));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let builder = if h2 {
+        builder.http2_only()
+    } else {
+        builder.http1_only()
+    };
+    // A connection made during the drain is told when the listener closes: hyper drops an
+    // HTTP/2 connection told to go before its handshake, and its client would only come back.
+    let early_goaway = h2 && !health.draining.load(Ordering::Acquire);
+    let drain_started = health.drain_started();
+    let svc = TowerToHyperService::new(close_when_draining(service, health, h2));
+    let conn = builder.serve_connection(TokioIo::new(tls), svc);
+    tokio::pin!(conn);
+    tokio::pin!(drain_started);
+    // HTTP/2 is told to go at the start of the drain; HTTP/1.1 is told with each answer
+    // (`close_when_draining`) and what is left idle is closed with the listener.
+    let mut told = false;
+    let result = loop {
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            _ = &mut drain_started, if early_goaway && !told => {
+                conn.as_mut().graceful_shutdown();
+                told = true;
+            }
+            _ = closing.wait_for(|c| *c), if !told => {
+                conn.as_mut().graceful_shutdown();
+                told = true;
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// On an HTTP/1.1 connection, every answer given while draining says `Connection: close`, so
+/// the client closes the connection after reading it instead of pooling it.
+fn close_when_draining(
+    service: Router,
+    health: Arc<Health>,
+    h2: bool,
+) -> tower::util::MapResponse<Router, impl FnOnce(Response) -> Response + Clone> {
+    type Incoming = http::Request<hyper::body::Incoming>;
+    <Router as tower::ServiceExt<Incoming>>::map_response(service, move |mut r: Response| {
+        if !h2 && health.draining.load(Ordering::Acquire) {
+            r.headers_mut()
+                .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+        }
+        r
+    })
 }
 
 /// Prove the listener answers by connecting to it, as the kubelet and API server will.

@@ -151,6 +151,8 @@ pub struct Client {
 pub struct Reply {
     pub status: u16,
     pub content_type: String,
+    /// The `Connection` header, if any (HTTP/1.1).
+    pub connection: Option<String>,
     pub body: Bytes,
 }
 
@@ -292,6 +294,11 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
+        let connection = resp
+            .headers()
+            .get("connection")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let body = resp
             .into_body()
             .collect()
@@ -301,8 +308,17 @@ impl Client {
         Ok(Reply {
             status,
             content_type,
+            connection,
             body,
         })
+    }
+
+    /// Whether the connection is gone (closed by the server, or a GOAWAY received).
+    pub fn is_closed(&self) -> bool {
+        match &self.sender {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
     }
 
     /// POST an AdmissionReview as the API server does.

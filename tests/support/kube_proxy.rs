@@ -30,6 +30,7 @@ pub type Resolver = Arc<dyn Fn() -> Vec<Endpoint> + Send + Sync>;
 /// One Service port being proxied; stops listening when dropped (established connections go on
 /// until either side closes).
 pub struct ServicePort {
+    pub name: String,
     pub cluster_ip: Ipv4Addr,
     pub port: u16,
     stopped: Arc<AtomicBool>,
@@ -38,6 +39,17 @@ pub struct ServicePort {
     pub refused: Arc<AtomicU64>,
     /// Which pod each connection went to, in order, for a test to check the spread.
     pub routed: Arc<Mutex<Vec<String>>>,
+    /// Every connection's life: pod, opened, and how each direction ended.
+    pub log: Arc<Mutex<Vec<ConnectionLog>>>,
+}
+
+/// One proxied connection, in wall-clock time (to set beside the pods' own logs).
+#[derive(Debug, Clone)]
+pub struct ConnectionLog {
+    pub pod: String,
+    pub opened: std::time::SystemTime,
+    /// (when, what): "server FIN", "client FIN", "server reset", "client reset".
+    pub ends: Vec<(std::time::SystemTime, &'static str)>,
 }
 
 impl ServicePort {
@@ -50,11 +62,13 @@ impl ServicePort {
         let connections = Arc::new(AtomicU64::new(0));
         let refused = Arc::new(AtomicU64::new(0));
         let routed = Arc::new(Mutex::new(Vec::new()));
-        let (s, c, r, ro) = (
+        let log: Arc<Mutex<Vec<ConnectionLog>>> = Arc::new(Mutex::new(Vec::new()));
+        let (s, c, r, ro, lg) = (
             stopped.clone(),
             connections.clone(),
             refused.clone(),
             routed.clone(),
+            log.clone(),
         );
         let counter = AtomicU64::new(0);
         std::thread::spawn(move || {
@@ -80,17 +94,62 @@ impl ServicePort {
                 let n = counter.fetch_add(1, Ordering::Relaxed) as usize;
                 let ep = endpoints[n % endpoints.len()].clone();
                 ro.lock().unwrap().push(ep.pod.clone());
-                std::thread::spawn(move || forward(client, ep.addr));
+                let entry = {
+                    let mut l = lg.lock().unwrap();
+                    l.push(ConnectionLog {
+                        pod: ep.pod.clone(),
+                        opened: std::time::SystemTime::now(),
+                        ends: Vec::new(),
+                    });
+                    l.len() - 1
+                };
+                let lg = lg.clone();
+                let note: Note = Arc::new(move |what| {
+                    lg.lock().unwrap()[entry]
+                        .ends
+                        .push((std::time::SystemTime::now(), what));
+                });
+                std::thread::spawn(move || forward(client, ep.addr, note));
             }
         });
         ServicePort {
+            name: name.to_string(),
             cluster_ip,
             port,
             stopped,
             connections,
             refused,
             routed,
+            log,
         }
+    }
+}
+
+type Note = Arc<dyn Fn(&'static str) + Send + Sync>;
+
+impl ServicePort {
+    /// The pod the latest connection went to.
+    pub fn last_routed(&self) -> Option<String> {
+        self.routed.lock().unwrap().last().cloned()
+    }
+
+    /// `name: N connections (pod ×n, …), M without an endpoint`.
+    pub fn summary(&self) -> String {
+        let mut by_pod: BTreeMap<String, usize> = BTreeMap::new();
+        for p in self.routed.lock().unwrap().iter() {
+            *by_pod.entry(p.clone()).or_default() += 1;
+        }
+        format!(
+            "{}: {} connections ({}), {} without an endpoint",
+            self.name,
+            self.connections.load(Ordering::Relaxed),
+            by_pod
+                .iter()
+                .map(|(p, n)| format!("{p} x{n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.refused.load(Ordering::Relaxed)
+        )
     }
 }
 
@@ -120,12 +179,13 @@ fn reset(s: &TcpStream) {
     let _ = s.shutdown(Shutdown::Both);
 }
 
-fn forward(client: TcpStream, to: SocketAddr) {
+fn forward(client: TcpStream, to: SocketAddr, note: Note) {
     let server = match TcpStream::connect_timeout(&to, Duration::from_secs(3)) {
         Ok(s) => s,
         Err(_) => {
             // The pod went away between the choice and the connect: what a client sees from
             // a NAT'd SYN to a dead pod is a timeout or a refusal; a reset is the nearest.
+            note("connect failed");
             reset(&client);
             return;
         }
@@ -136,27 +196,43 @@ fn forward(client: TcpStream, to: SocketAddr) {
         (Ok(c), Ok(s)) => (c, s),
         _ => return,
     };
-    let up = std::thread::spawn(move || pipe(c2, s2));
-    pipe(server, client);
+    let n2 = note.clone();
+    let up = std::thread::spawn(move || pipe(c2, s2, "client", n2));
+    pipe(server, client, "server", note);
     let _ = up.join();
 }
 
 /// Copy `from` → `to` until EOF (then half-close `to`) or an error (then reset both).
-fn pipe(mut from: TcpStream, mut to: TcpStream) {
+fn pipe(mut from: TcpStream, mut to: TcpStream, side: &'static str, note: Note) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         match from.read(&mut buf) {
             Ok(0) => {
+                note(if side == "server" {
+                    "server FIN"
+                } else {
+                    "client FIN"
+                });
                 let _ = to.shutdown(Shutdown::Write);
                 return;
             }
             Ok(n) => {
                 if to.write_all(&buf[..n]).is_err() {
+                    note(if side == "server" {
+                        "client gone"
+                    } else {
+                        "server gone"
+                    });
                     reset(&from);
                     return;
                 }
             }
             Err(_) => {
+                note(if side == "server" {
+                    "server reset"
+                } else {
+                    "client reset"
+                });
                 reset(&to);
                 return;
             }
@@ -169,8 +245,14 @@ fn pipe(mut from: TcpStream, mut to: TcpStream) {
 pub fn services(list: &serde_json::Value) -> BTreeMap<String, ServiceView> {
     let mut out = BTreeMap::new();
     for s in list["items"].as_array().into_iter().flatten() {
-        let name = s["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let Some(ip) = s["spec"]["clusterIP"].as_str().and_then(|ip| ip.parse().ok()) else {
+        let name = s["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let Some(ip) = s["spec"]["clusterIP"]
+            .as_str()
+            .and_then(|ip| ip.parse().ok())
+        else {
             continue;
         };
         let selector = s["spec"]["selector"]

@@ -163,12 +163,17 @@ impl Kubelet {
         }
     }
 
-    /// The proxy of `cluster_ip:port`, for its counters.
-    pub fn proxy(&self, cluster_ip: Ipv4Addr, port: u16) -> &ServicePort {
+    /// The proxy of a Service port, by `<service>:<port name>`.
+    pub fn proxy(&self, name: &str) -> &ServicePort {
         self.proxies
             .iter()
-            .find(|p| p.cluster_ip == cluster_ip && p.port == port)
-            .expect("no such Service port")
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no Service port {name}"))
+    }
+
+    /// Every Service port's connection counts.
+    pub fn traffic(&self) -> Vec<String> {
+        self.proxies.iter().map(|p| p.summary()).collect()
     }
 
     pub fn pods(&self) -> Vec<Pod> {
@@ -203,7 +208,9 @@ impl Kubelet {
     /// Start `spec.replicas` pods of the Deployment's current template and wait until all are
     /// ready.
     pub fn run_deployment(&self, namespace: &str, name: &str, within: Duration) {
-        let d = self.inner.get_json(&["get", "deployment", "-n", namespace, name]);
+        let d = self
+            .inner
+            .get_json(&["get", "deployment", "-n", namespace, name]);
         let replicas = d["spec"]["replicas"].as_u64().unwrap_or(1) as usize;
         let mut started = Vec::new();
         for _ in 0..replicas {
@@ -220,15 +227,24 @@ impl Kubelet {
     /// is terminating and the new ones are ready (old ones may still be draining).
     pub fn rollout(&self, namespace: &str, name: &str, within: Duration) {
         let deadline = Instant::now() + within;
-        let out = self.inner.kubectl(&["rollout", "restart", "deployment", "-n", namespace, name]);
-        assert!(out.status.success(), "rollout restart: {}", text(&out.stderr));
-        let d = self.inner.get_json(&["get", "deployment", "-n", namespace, name]);
+        let out = self
+            .inner
+            .kubectl(&["rollout", "restart", "deployment", "-n", namespace, name]);
+        assert!(
+            out.status.success(),
+            "rollout restart: {}",
+            text(&out.stderr)
+        );
+        let d = self
+            .inner
+            .get_json(&["get", "deployment", "-n", namespace, name]);
         let replicas = d["spec"]["replicas"].as_u64().unwrap_or(1) as usize;
         let strategy = &d["spec"]["strategy"]["rollingUpdate"];
         let surge = int_or_string(&strategy["maxSurge"], 1);
         let unavailable = int_or_string(&strategy["maxUnavailable"], 0);
         let hash = template_hash(&d["spec"]["template"]);
-        self.inner.event(format!("rollout of {name} to {hash} begins"));
+        self.inner
+            .event(format!("rollout of {name} to {hash} begins"));
         loop {
             assert!(
                 Instant::now() < deadline,
@@ -262,7 +278,8 @@ impl Kubelet {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.inner.event(format!("rollout of {name} to {hash} done"));
+        self.inner
+            .event(format!("rollout of {name} to {hash} done"));
     }
 
     /// Delete the pod as the API server and kubelet do: out of the endpoints at once, SIGTERM,
@@ -270,7 +287,10 @@ impl Kubelet {
     pub fn terminate(&self, pod: &str) {
         let (pid, namespace, grace) = {
             let mut pods = self.inner.pods.lock().unwrap();
-            let p = pods.iter_mut().find(|p| p.name == pod).expect("no such pod");
+            let p = pods
+                .iter_mut()
+                .find(|p| p.name == pod)
+                .expect("no such pod");
             p.terminating = true;
             (p.pid, p.namespace.clone(), self.inner.grace(p))
         };
@@ -435,11 +455,7 @@ impl Inner {
     }
 
     fn volume_dir(&self, uid: &str, volume: &str) -> PathBuf {
-        self.dir
-            .join("pods")
-            .join(uid)
-            .join("volumes")
-            .join(volume)
+        self.dir.join("pods").join(uid).join("volumes").join(volume)
     }
 
     fn secret_data(&self, namespace: &str, name: &str) -> BTreeMap<String, Vec<u8>> {
@@ -480,7 +496,11 @@ impl Inner {
             "spec": spec,
         });
         let out = self.kubectl_stdin(&["create", "-o", "json", "-f", "-"], &pod_obj.to_string());
-        assert!(out.status.success(), "create pod {name}: {}", text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "create pod {name}: {}",
+            text(&out.stderr)
+        );
         let created: Value = serde_json::from_slice(&out.stdout).expect("pod JSON");
         let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
         let n = self.next_ip.fetch_add(1, Ordering::Relaxed);
@@ -589,7 +609,13 @@ impl Inner {
     }
 
     fn update(&self, name: &str, f: impl FnOnce(&mut Pod)) {
-        if let Some(p) = self.pods.lock().unwrap().iter_mut().find(|p| p.name == name) {
+        if let Some(p) = self
+            .pods
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .find(|p| p.name == name)
+        {
             f(p);
         }
     }
@@ -638,7 +664,12 @@ impl Inner {
                 ("ca.crt".to_string(), self.api_ca_pem.as_bytes().to_vec()),
                 ("namespace".to_string(), namespace.as_bytes().to_vec()),
             ]);
-            write_atomic(&self.volume_dir(uid, "kube-api-access"), &data, 0o644, group);
+            write_atomic(
+                &self.volume_dir(uid, "kube-api-access"),
+                &data,
+                0o644,
+                group,
+            );
         }
     }
 
@@ -655,7 +686,10 @@ impl Inner {
         let c = &spec["containers"][0];
         let sa = spec["serviceAccountName"].as_str().unwrap_or("default");
         let mut env: Vec<(String, String)> = vec![
-            ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
+            (
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ),
             ("HOSTNAME".into(), pod.into()),
             ("HOME".into(), "/".into()),
             (
@@ -733,7 +767,10 @@ impl Inner {
             let top = top_dir(&real);
             if !overlaid.contains(&top) {
                 let n = overlaid.len();
-                let (upper, work) = (run_dir.join(format!("upper{n}")), run_dir.join(format!("work{n}")));
+                let (upper, work) = (
+                    run_dir.join(format!("upper{n}")),
+                    run_dir.join(format!("work{n}")),
+                );
                 std::fs::create_dir_all(&upper).unwrap();
                 std::fs::create_dir_all(&work).unwrap();
                 script.push_str(&format!(
@@ -774,16 +811,24 @@ impl Inner {
             .open(self.dir.join("pods").join(format!("{pod}.log")))
             .expect("pod log");
         let mut cmd = Command::new("unshare");
-        cmd.args(["--net", "--mount", "--propagation", "private", "--", "sh", "-c"])
-            .arg(&script)
-            .arg("sh")
-            .arg(&self.image_bin)
-            .args(&args)
-            .env_clear()
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+        cmd.args([
+            "--net",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .arg("sh")
+        .arg(&self.image_bin)
+        .args(&args)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
         let child = spawn(cmd).expect("unshare (the pod)");
         let pid = child.id() as i32;
         self.attach_veth(pid, ip);
@@ -806,16 +851,14 @@ impl Inner {
         let ip_s = format!("{ip}/32");
         let node = NODE_IP.to_string();
         for args in [
-            vec!["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &pid_s],
+            vec![
+                "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &pid_s,
+            ],
             vec!["link", "set", &veth, "up"],
             vec!["route", "replace", &ip_s, "dev", &veth, "src", &node],
         ] {
             let out = Command::new("ip").args(&args).output().expect("ip");
-            assert!(
-                out.status.success(),
-                "ip {args:?}: {}",
-                text(&out.stderr)
-            );
+            assert!(out.status.success(), "ip {args:?}: {}", text(&out.stderr));
         }
         let _ = std::fs::write(format!("/proc/sys/net/ipv4/conf/{veth}/proxy_arp"), "1");
     }
@@ -949,8 +992,13 @@ impl ProbeSpec {
                 .unwrap_or(0) as u16,
             _ => 0,
         };
-        http_status(SocketAddr::from((ip, port)), &self.path, self.https, self.timeout)
-            .is_some_and(|s| (200..400).contains(&s))
+        http_status(
+            SocketAddr::from((ip, port)),
+            &self.path,
+            self.https,
+            self.timeout,
+        )
+        .is_some_and(|s| (200..400).contains(&s))
     }
 }
 
@@ -1065,7 +1113,9 @@ fn secret_volumes(spec: &Value) -> Vec<(String, String, u32)> {
 }
 
 fn fs_group(spec: &Value) -> Option<u32> {
-    spec["securityContext"]["fsGroup"].as_u64().map(|g| g as u32)
+    spec["securityContext"]["fsGroup"]
+        .as_u64()
+        .map(|g| g as u32)
 }
 
 /// The kubelet's AtomicWriter: the payload in a new `..<timestamp>` folder, `..data` swapped to
@@ -1073,10 +1123,7 @@ fn fs_group(spec: &Value) -> Option<u32> {
 fn write_atomic(dir: &Path, data: &BTreeMap<String, Vec<u8>>, mode: u32, group: Option<u32>) {
     use std::os::unix::fs::symlink;
     std::fs::create_dir_all(dir).expect("volume dir");
-    let stamp = format!(
-        "..{}",
-        chrono_like_stamp(std::time::SystemTime::now())
-    );
+    let stamp = format!("..{}", chrono_like_stamp(std::time::SystemTime::now()));
     let ts_dir = dir.join(&stamp);
     std::fs::create_dir_all(&ts_dir).expect("timestamped dir");
     for (k, v) in data {
@@ -1161,7 +1208,12 @@ fn real_mount_path(target: &str) -> String {
     let mut existing = PathBuf::from(target);
     let mut rest = Vec::new();
     while std::fs::canonicalize(&existing).is_err() {
-        rest.push(existing.file_name().expect("a mount path under /").to_owned());
+        rest.push(
+            existing
+                .file_name()
+                .expect("a mount path under /")
+                .to_owned(),
+        );
         existing.pop();
     }
     let mut real = std::fs::canonicalize(&existing).expect("canonicalize");
@@ -1210,7 +1262,9 @@ fn int_or_string(v: &Value, default: usize) -> usize {
     match v {
         Value::Number(n) => n.as_u64().unwrap_or(default as u64) as usize,
         Value::Null => default,
-        other => panic!("the stand-in Deployment controller takes integer surge/unavailable, not {other}"),
+        other => panic!(
+            "the stand-in Deployment controller takes integer surge/unavailable, not {other}"
+        ),
     }
 }
 
@@ -1253,7 +1307,10 @@ mod tests {
     #[test]
     fn expands_like_the_kubelet() {
         let env = vec![("POD_NAMESPACE".to_string(), "handoff-system".to_string())];
-        assert_eq!(expand("$(POD_NAMESPACE)/handoff-pin", &env), "handoff-system/handoff-pin");
+        assert_eq!(
+            expand("$(POD_NAMESPACE)/handoff-pin", &env),
+            "handoff-system/handoff-pin"
+        );
         assert_eq!(expand("$$(POD_NAMESPACE)", &env), "$(POD_NAMESPACE)");
         assert_eq!(expand("$(NOPE)", &env), "$(NOPE)");
     }

@@ -91,7 +91,12 @@ pub struct Load {
 impl Load {
     /// Start sending `per_second` requests a second: `admin` as cluster-admin, `syncer` the
     /// sync target's identity.
-    pub fn start(admin: kube::Config, syncer: kube::Config, targets: Targets, per_second: u32) -> Load {
+    pub fn start(
+        admin: kube::Config,
+        syncer: kube::Config,
+        targets: Targets,
+        per_second: u32,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
         let started = Instant::now();
@@ -248,9 +253,9 @@ async fn one(
                     let got = scale.spec.and_then(|s| s.replicas).unwrap_or(0);
                     match (class, got) {
                         (Class::AppScale, g) if g == want => Outcome::Right,
-                        (Class::AppScale, g) => {
-                            Outcome::Wrong(format!("an application scaled to {want} came back at {g}"))
-                        }
+                        (Class::AppScale, g) => Outcome::Wrong(format!(
+                            "an application scaled to {want} came back at {g}"
+                        )),
                         (_, 0) => Outcome::Right,
                         (_, g) => Outcome::Wrong(format!(
                             "a controller scaled in an open window came back at {g}, not 0"
@@ -282,7 +287,9 @@ async fn create_cm(admin: &kube::Client, ns: &str, name: &str) -> Result<(), Str
 /// A guarded request's error: the webhook's own denial is right, a failed call is not.
 fn classify_denial(e: &kube::Error, webhook: &str) -> Outcome {
     let msg = e.to_string();
-    if msg.contains(&format!("admission webhook \"{webhook}\" denied the request")) {
+    if msg.contains(&format!(
+        "admission webhook \"{webhook}\" denied the request"
+    )) {
         Outcome::Right
     } else {
         failed_or_other(msg)
@@ -327,11 +334,18 @@ impl Tally {
         self.latencies_ms.push(s.latency.as_secs_f64() * 1000.0);
         match &s.outcome {
             Outcome::Right => self.right += 1,
-            Outcome::Wrong(w) => self.wrong.push(format!("{:?} at {:.1}s: {w}", s.class, s.at.as_secs_f64())),
-            Outcome::WebhookFailed(w) => self
-                .failed
-                .push(format!("{:?} at {:.1}s: {w}", s.class, s.at.as_secs_f64())),
-            Outcome::Other(w) => self.other.push(format!("{:?} at {:.1}s: {w}", s.class, s.at.as_secs_f64())),
+            Outcome::Wrong(w) => {
+                self.wrong
+                    .push(format!("{:?} at {:.1}s: {w}", s.class, s.at.as_secs_f64()))
+            }
+            Outcome::WebhookFailed(w) => {
+                self.failed
+                    .push(format!("{:?} at {:.1}s: {w}", s.class, s.at.as_secs_f64()))
+            }
+            Outcome::Other(w) => {
+                self.other
+                    .push(format!("{:?} at {:.1}s: {w}", s.class, s.at.as_secs_f64()))
+            }
         }
     }
 
@@ -404,7 +418,11 @@ impl Report {
             let b = self.baseline.get(during);
             println!(
                 "{:<18} {:>6} requests, p50 {:.1} ms / p99 {:.1} ms (baseline ConfigMap create p50 {:.1} / p99 {:.1} ms)",
-                if *during { "during disturbances" } else { "outside them" },
+                if *during {
+                    "during disturbances"
+                } else {
+                    "outside them"
+                },
                 t.sent,
                 t.quantile(0.5),
                 t.quantile(0.99),
@@ -412,7 +430,14 @@ impl Report {
                 b.map_or(0.0, |b| b.quantile(0.99)),
             );
         }
-        for w in self.all.wrong.iter().chain(&self.all.failed).chain(&self.all.other).take(20) {
+        for w in self
+            .all
+            .wrong
+            .iter()
+            .chain(&self.all.failed)
+            .chain(&self.all.other)
+            .take(20)
+        {
             println!("  {w}");
         }
     }

@@ -40,7 +40,9 @@ pub struct Rendered {
 }
 
 pub fn render(overlay: &str) -> Rendered {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/overlays").join(overlay);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("manifests/overlays")
+        .join(overlay);
     let out = Command::new("kubectl")
         .arg("kustomize")
         .arg(&dir)
@@ -119,7 +121,9 @@ impl Shipped {
                         && o["metadata"]["namespace"] == ns
                         && o["metadata"]["name"] == name
                 })
-                .unwrap_or_else(|| panic!("{INJECT_CA_FROM} names {from}, which the overlay lacks"));
+                .unwrap_or_else(|| {
+                    panic!("{INJECT_CA_FROM} names {from}, which the overlay lacks")
+                });
             assert_eq!(
                 cert["spec"]["secretName"], serving["spec"]["secretName"],
                 "{INJECT_CA_FROM} must name the serving Certificate"
@@ -130,7 +134,11 @@ impl Shipped {
         }
         apply(api, &configs);
 
-        let mut kubelet = Kubelet::new(api, &dir.join("node"), Path::new(env!("CARGO_BIN_EXE_handoff")));
+        let mut kubelet = Kubelet::new(
+            api,
+            &dir.join("node"),
+            Path::new(env!("CARGO_BIN_EXE_handoff")),
+        );
         let svc_list = get_json(api, &["get", "services", "-n", NAMESPACE]);
         for (name, svc) in services(&svc_list) {
             kubelet.serve_service(&name, &svc);
@@ -190,7 +198,9 @@ fn certificate_for_secret<'a>(objects: &'a [Value], secret: &str) -> &'a Value {
 
 /// Write the Secret as cert-manager does; returns the certificate's PEM.
 fn write_tls_secret(api: &ApiServer, ca: &Ca, dns_names: &[String]) -> String {
-    let (cert, key) = ca.serving_cert(dns_names, &[], 90).expect("serving certificate");
+    let (cert, key) = ca
+        .serving_cert(dns_names, &[], 90)
+        .expect("serving certificate");
     let secret = json!({
         "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
         "metadata": {"name": "handoff-tls", "namespace": NAMESPACE},
@@ -223,7 +233,11 @@ pub fn apply(api: &ApiServer, objects: &[Value]) {
 
 pub fn get_json(api: &ApiServer, args: &[&str]) -> Value {
     let out = api.kubectl(ADMIN, &[args, &["-o", "json"]].concat());
-    assert!(out.status.success(), "kubectl {args:?}: {}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        text(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("kubectl's JSON")
 }
 
