@@ -96,6 +96,16 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
         "not every request was answered right: see above"
     );
 
+    // What the drain is built for (`Health::start_drain`): the API server calls admission
+    // webhooks over HTTP/1.1 only (kubernetes PR #82090), with a pool of keep-alive connections.
+    for svc in ["handoff-guard:https", "handoff-pin:https"] {
+        let offered = shipped.kubelet.proxy(svc).alpn_offered();
+        assert_eq!(
+            offered,
+            vec![vec!["http/1.1".to_string()]],
+            "ALPN the API server offered to {svc}"
+        );
+    }
     let load = Load::start(admin, syncer, targets, per_second);
     let load_started = load.started;
     let mut windows = Vec::new();

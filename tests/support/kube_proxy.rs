@@ -50,6 +50,8 @@ pub struct ConnectionLog {
     pub opened: std::time::SystemTime,
     /// (when, what): "server FIN", "client FIN", "server reset", "client reset".
     pub ends: Vec<(std::time::SystemTime, &'static str)>,
+    /// The protocols the client offered in its TLS ClientHello (ALPN), read off the wire.
+    pub alpn_offered: Vec<String>,
 }
 
 impl ServicePort {
@@ -100,16 +102,20 @@ impl ServicePort {
                         pod: ep.pod.clone(),
                         opened: std::time::SystemTime::now(),
                         ends: Vec::new(),
+                        alpn_offered: Vec::new(),
                     });
                     l.len() - 1
                 };
-                let lg = lg.clone();
+                let (lg, lg2) = (lg.clone(), lg.clone());
                 let note: Note = Arc::new(move |what| {
                     lg.lock().unwrap()[entry]
                         .ends
                         .push((std::time::SystemTime::now(), what));
                 });
-                std::thread::spawn(move || forward(client, ep.addr, note));
+                let hello: Hello = Arc::new(move |bytes: &[u8]| {
+                    lg2.lock().unwrap()[entry].alpn_offered = client_hello_alpn(bytes);
+                });
+                std::thread::spawn(move || forward(client, ep.addr, note, hello));
             }
         });
         ServicePort {
@@ -126,11 +132,60 @@ impl ServicePort {
 }
 
 type Note = Arc<dyn Fn(&'static str) + Send + Sync>;
+type Hello = Arc<dyn Fn(&[u8]) + Send + Sync>;
+
+/// The ALPN protocol names in a TLS ClientHello record (empty if it is not one, or has none).
+pub fn client_hello_alpn(b: &[u8]) -> Vec<String> {
+    let parse = || -> Option<Vec<String>> {
+        // record header (5), handshake header (4), version (2), random (32)
+        if *b.first()? != 0x16 || *b.get(5)? != 0x01 {
+            return None;
+        }
+        let mut i = 5 + 4 + 2 + 32;
+        let sid = *b.get(i)? as usize;
+        i += 1 + sid;
+        let suites = u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]) as usize;
+        i += 2 + suites;
+        let comp = *b.get(i)? as usize;
+        i += 1 + comp;
+        let ext_end = i + 2 + u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]) as usize;
+        i += 2;
+        while i + 4 <= ext_end.min(b.len()) {
+            let ty = u16::from_be_bytes([b[i], b[i + 1]]);
+            let len = u16::from_be_bytes([b[i + 2], b[i + 3]]) as usize;
+            let data = b.get(i + 4..i + 4 + len)?;
+            if ty == 0x0010 {
+                let mut out = Vec::new();
+                let mut j = 2;
+                while j < data.len() {
+                    let n = data[j] as usize;
+                    out.push(String::from_utf8_lossy(data.get(j + 1..j + 1 + n)?).into_owned());
+                    j += 1 + n;
+                }
+                return Some(out);
+            }
+            i += 4 + len;
+        }
+        Some(Vec::new())
+    };
+    parse().unwrap_or_default()
+}
 
 impl ServicePort {
     /// The pod the latest connection went to.
     pub fn last_routed(&self) -> Option<String> {
         self.routed.lock().unwrap().last().cloned()
+    }
+
+    /// Every ALPN protocol list the clients offered, once each.
+    pub fn alpn_offered(&self) -> Vec<Vec<String>> {
+        let mut out: Vec<Vec<String>> = Vec::new();
+        for c in self.log.lock().unwrap().iter() {
+            if !out.contains(&c.alpn_offered) {
+                out.push(c.alpn_offered.clone());
+            }
+        }
+        out
     }
 
     /// `name: N connections (pod ×n, …), M without an endpoint`.
@@ -179,7 +234,7 @@ fn reset(s: &TcpStream) {
     let _ = s.shutdown(Shutdown::Both);
 }
 
-fn forward(client: TcpStream, to: SocketAddr, note: Note) {
+fn forward(client: TcpStream, to: SocketAddr, note: Note, hello: Hello) {
     let server = match TcpStream::connect_timeout(&to, Duration::from_secs(3)) {
         Ok(s) => s,
         Err(_) => {
@@ -197,16 +252,27 @@ fn forward(client: TcpStream, to: SocketAddr, note: Note) {
         _ => return,
     };
     let n2 = note.clone();
-    let up = std::thread::spawn(move || pipe(c2, s2, "client", n2));
-    pipe(server, client, "server", note);
+    let up = std::thread::spawn(move || pipe(c2, s2, "client", n2, Some(hello)));
+    pipe(server, client, "server", note, None);
     let _ = up.join();
 }
 
-/// Copy `from` → `to` until EOF (then half-close `to`) or an error (then reset both).
-fn pipe(mut from: TcpStream, mut to: TcpStream, side: &'static str, note: Note) {
+/// Copy `from` → `to` until EOF (then half-close `to`) or an error (then reset both); the
+/// first chunk goes to `hello` too.
+fn pipe(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    side: &'static str,
+    note: Note,
+    mut hello: Option<Hello>,
+) {
     let mut buf = [0u8; 16 * 1024];
     loop {
-        match from.read(&mut buf) {
+        let read = from.read(&mut buf);
+        if let (Some(h), Ok(n)) = (hello.take(), &read) {
+            h(&buf[..*n]);
+        }
+        match read {
             Ok(0) => {
                 note(if side == "server" {
                     "server FIN"

@@ -149,7 +149,14 @@ fn run_in_netns(test_name: &str) {
         .arg("--")
         .arg(&exe)
         // `--include-ignored`: an `#[ignore]`d test asked for by name (`-- --ignored NAME`) runs too.
-        .args(["--exact", test_name, "--include-ignored", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            test_name,
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(IN_NETNS, "1")
         .env(OUTER_NETNS, own_netns())
         .stdin(Stdio::null())
