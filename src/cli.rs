@@ -10,6 +10,15 @@ use handoff::policy::move_window::OwnDeployment;
 use handoff::server;
 use handoff::webhook::Webhook;
 
+// Defaults that more than one command takes, each written once.
+const WAIT_TIMEOUT: &str = "5m";
+const RESTORE_TIMEOUT: &str = "1m";
+const LEAD_TIMEOUT: &str = "2m";
+/// The pin's own Deployment, as the manifests deploy it.
+const OWN_DEPLOYMENT: &str = "handoff-system/handoff-pin";
+/// The ConfigMap the admission policies take their parameters from.
+const POLICY_PARAMS: &str = "handoff-system/handoff-sync-targets";
+
 /// `handoff --version`: the crate's version and the commit it was built from (build.rs).
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -99,16 +108,16 @@ pub struct MoveArgs {
     #[arg(long)]
     pub allow_webhook_outage: bool,
     /// How long to wait for the pinned pods to be gone.
-    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = WAIT_TIMEOUT, value_parser = duration)]
     pub wait_timeout: Duration,
     /// How long a restore may be re-pinned by a webhook that has not yet seen the close.
-    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = RESTORE_TIMEOUT, value_parser = duration)]
     pub restore_timeout: Duration,
     /// How long a released Lease may stay without a pod of its Deployment leading.
-    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = LEAD_TIMEOUT, value_parser = duration)]
     pub lead_timeout: Duration,
     /// handoff's own Deployment (NAMESPACE/NAME), never stopped.
-    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-pin", value_parser = own_deployment)]
+    #[arg(long, value_name = "NS/NAME", default_value = OWN_DEPLOYMENT, value_parser = own_deployment)]
     pub own_deployment: OwnDeployment,
 }
 
@@ -130,12 +139,12 @@ pub struct PolicyArgs {
     #[arg(
         long,
         value_name = "NS/NAME",
-        default_value = "handoff-system/handoff-sync-targets",
+        default_value = POLICY_PARAMS,
         global = true
     )]
     pub params: handoff::admission_policy::ParamsRef,
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned.
-    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-pin", value_parser = own_deployment, global = true)]
+    #[arg(long, value_name = "NS/NAME", default_value = OWN_DEPLOYMENT, value_parser = own_deployment, global = true)]
     pub own_deployment: OwnDeployment,
 }
 
@@ -172,7 +181,7 @@ pub struct WindowArgs {
     #[arg(long, global = true)]
     pub target_context: Option<String>,
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned.
-    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-pin", value_parser = own_deployment, global = true)]
+    #[arg(long, value_name = "NS/NAME", default_value = OWN_DEPLOYMENT, value_parser = own_deployment, global = true)]
     pub own_deployment: OwnDeployment,
 }
 
@@ -201,7 +210,7 @@ pub enum WindowCommand {
         #[arg(long)]
         dry_run: bool,
         /// How long to wait for the pinned pods to be gone (0 to not wait).
-        #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = duration)]
+        #[arg(long, value_name = "DURATION", default_value = WAIT_TIMEOUT, value_parser = duration)]
         wait_timeout: Duration,
     },
     /// Close the MoveWindow, then restore every pinned Deployment and release every held
@@ -209,10 +218,10 @@ pub enum WindowCommand {
     Close {
         name: String,
         /// How long a restore may be re-pinned by a webhook that has not yet seen the close.
-        #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = duration)]
+        #[arg(long, value_name = "DURATION", default_value = RESTORE_TIMEOUT, value_parser = duration)]
         restore_timeout: Duration,
         /// How long a released Lease may stay without a pod of its Deployment leading.
-        #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = duration)]
+        #[arg(long, value_name = "DURATION", default_value = LEAD_TIMEOUT, value_parser = duration)]
         lead_timeout: Duration,
     },
     /// Show windows, their pinned Deployments and saved counts.
@@ -270,7 +279,7 @@ pub struct StateArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned by a MoveWindow.
-    #[arg(long, value_name = "NS/NAME", default_value = "handoff-system/handoff-pin", value_parser = own_deployment)]
+    #[arg(long, value_name = "NS/NAME", default_value = OWN_DEPLOYMENT, value_parser = own_deployment)]
     pub own_deployment: OwnDeployment,
     /// How long a watch may keep failing before its cache counts as stale (readiness fails and
     /// decisions that need it deny).
@@ -313,13 +322,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
     /// Largest AdmissionReview body accepted, in bytes (413 past it).
-    #[arg(long, value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
+    #[arg(long, value_name = "BYTES", default_value_t = server::Limits::default().body_limit)]
     pub body_limit: usize,
     /// Deadline when the API server sends no ?timeout=.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
     pub default_timeout: Duration,
     /// Requests decided at once; more wait.
-    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = server::Limits::default().max_concurrency as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrency: u32,
     /// How long a request waits for a slot before it is shed with 503.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration)]
@@ -345,7 +354,7 @@ pub struct ServeArgs {
     #[arg(
         long,
         value_name = "NS/NAME",
-        default_value = "handoff-system/handoff-sync-targets"
+        default_value = POLICY_PARAMS
     )]
     pub policy_params: handoff::admission_policy::ParamsRef,
     /// How often the guard compares that ConfigMap with what it computes, and updates it.
