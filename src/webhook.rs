@@ -228,13 +228,7 @@ async fn decide_move_window(
     let pin = match pin.parent_to_read(&view) {
         None => pin,
         Some((namespace, name)) => {
-            // Leave time to answer: 50 ms before the deadline the read gives up as "unavailable".
-            let budget = deadline.map_or(state.api_timeout, |d| {
-                d.saturating_duration_since(tokio::time::Instant::now())
-                    .saturating_sub(std::time::Duration::from_millis(50))
-                    .min(state.api_timeout)
-            });
-            lookup = state.deployment(namespace, name, budget).await;
+            lookup = state.deployment(namespace, name, deadline).await;
             stale = state
                 .health
                 .deployments

@@ -430,12 +430,13 @@ impl State {
         }
     }
 
-    /// The Deployment behind a scale request: from the cache, or asked of the API once.
+    /// The Deployment behind a scale request: from the cache, or asked of the API once, giving
+    /// up as "unavailable" 50 ms before `deadline` to leave time to answer.
     pub async fn deployment(
         &self,
         namespace: &str,
         name: &str,
-        budget: Duration,
+        deadline: Option<tokio::time::Instant>,
     ) -> DeploymentLookup {
         if let Some(d) = self.deployments.get(namespace, name) {
             return DeploymentLookup::Known(d);
@@ -443,6 +444,11 @@ impl State {
         let Some(client) = self.client.clone() else {
             return DeploymentLookup::Missing;
         };
+        let budget = deadline.map_or(self.api_timeout, |d| {
+            d.saturating_duration_since(tokio::time::Instant::now())
+                .saturating_sub(Duration::from_millis(50))
+                .min(self.api_timeout)
+        });
         let api = kube::Api::<PartialObjectMeta<Deployment>>::namespaced(client, namespace);
         match tokio::time::timeout(budget, api.get_opt(name)).await {
             Err(_) => DeploymentLookup::Unavailable(format!(
