@@ -14,7 +14,8 @@ use std::task::{Context, Poll, Waker};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use handoff::admission::{AdmissionResponse, decode_review, encode_review};
 use handoff::policy::identity::Identities;
-use handoff::policy::move_window::{self, PinRequest, PinTarget, PinVerdict, WindowView};
+use handoff::policy::move_window::{self, PinRequest, PinVerdict, WindowView};
+use handoff::policy::rollout::Verdict;
 use handoff::policy::sync_finalizer::{self, DeleteRequest, NamespaceMeta, NamespaceState};
 use handoff::state::State;
 use handoff::state::namespaces::{CacheEntry, NamespaceCache};
@@ -184,16 +185,8 @@ fn bench_pin(c: &mut Criterion) {
     let mut g = c.benchmark_group("pin");
     g.bench_function("decide-and-patch-deployment-update", |b| {
         b.iter(|| {
-            let object = req.object.as_ref().unwrap();
-            let pin = PinRequest {
-                namespace: req.namespace.as_deref().unwrap(),
-                name: req.object_name().unwrap(),
-                target: PinTarget::Deployment {
-                    object,
-                    old_object: req.old_object.as_ref(),
-                },
-            };
-            match move_window::decide(black_box(&pin), &WindowView::known(&windows), &state.own) {
+            let pin = PinRequest::from_review(black_box(&req)).unwrap();
+            match move_window::decide(&pin, &WindowView::known(&windows), &state.own) {
                 PinVerdict::Pin { ops, .. } => AdmissionResponse::allow(&req.uid).with_patch(&ops),
                 other => panic!("not pinned: {other:?}"),
             }
@@ -207,9 +200,9 @@ fn bench_encode(c: &mut Criterion) {
     let delete = decode_review(&delete_2kb()).unwrap();
     let update = decode_review(&deployment_update()).unwrap();
     let deny = ready(webhook::decide(&state, Webhook::SyncFinalizer, &delete));
-    assert_eq!(deny.verdict, "deny");
+    assert_eq!(deny.verdict, Verdict::Deny);
     let patch = ready(webhook::decide(&state, Webhook::MoveWindow, &update));
-    assert_eq!(patch.verdict, "patch");
+    assert_eq!(patch.verdict, Verdict::Patch);
     let allow = AdmissionResponse::allow(&delete.uid);
     let mut g = c.benchmark_group("encode");
     g.bench_function("allow", |b| b.iter(|| encode_review(black_box(&allow))));

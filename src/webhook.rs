@@ -1,16 +1,17 @@
-//! The edge between a decoded AdmissionReview and the pure policies: pick the webhook, read
-//! the state it needs, call the policy, shape the response. Shared by `serve` and `review`.
+//! The edge between a decoded AdmissionReview and the rules: pick the webhook, read the state
+//! its rule asks for, call the rule, deliver its verdict as the rollout says. Shared by `serve`
+//! and `review`.
 
 use std::collections::BTreeMap;
 
 use crate::admission::{AdmissionRequest, AdmissionResponse, Operation};
-use crate::policy::lease_hold;
-use crate::policy::move_window::{
-    self, Doubt, OpenWindow, ParentDeployment, PinRequest, PinTarget, PinVerdict, WindowView,
+use crate::policy::lease_hold::{self, LeaseReason, LeaseVerdict, LeaseWrite};
+use crate::policy::move_window::{self, PinReason, PinRequest, PinVerdict, WindowView};
+use crate::policy::rollout::{self, Delivery, Rollout, Verdict};
+use crate::policy::sync_finalizer::{
+    self, AllowReason, DeleteRequest, Freshness, GuardVerdict, Rule,
 };
-use crate::policy::rollout::{self, Delivery, Rollout, RuleOutcome};
-use crate::policy::sync_finalizer::{self, DeleteRequest, KcpState, NamespaceState, Verdict};
-use crate::state::{DeploymentLookup, KcpRead, NamespaceLookup, State};
+use crate::state::{KcpRead, NamespaceLookup, State};
 
 /// The webhooks, by their paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -70,47 +71,73 @@ impl State {
     }
 }
 
+/// Why a decision is what it is: its rule's reason, or the server's deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    GuardAllow(AllowReason),
+    GuardDeny(Rule),
+    Pin(PinReason),
+    Lease(LeaseReason),
+    /// No decision within the API server's timeout.
+    Deadline,
+}
+
+impl Reason {
+    /// The label value of logs, metrics and audit annotations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::GuardAllow(r) => r.as_str(),
+            Reason::GuardDeny(r) => r.as_str(),
+            Reason::Pin(r) => r.as_str(),
+            Reason::Lease(r) => r.as_str(),
+            Reason::Deadline => "deadline",
+        }
+    }
+}
+
 /// A decision, ready to send and to log.
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub response: AdmissionResponse,
-    /// `allow`, `deny` or `patch`.
-    pub verdict: &'static str,
-    /// Machine-readable reason (the rule that decided).
-    pub reason: &'static str,
+    pub verdict: Verdict,
+    pub reason: Reason,
     /// Human-readable detail for the log: the denial message or the pin.
     pub detail: String,
 }
 
 impl Decision {
-    fn allow(req: &AdmissionRequest, reason: &'static str) -> Self {
+    fn allow(req: &AdmissionRequest, reason: Reason) -> Self {
         Decision {
             response: AdmissionResponse::allow(&req.uid),
-            verdict: "allow",
+            verdict: Verdict::Allow,
             reason,
             detail: String::new(),
         }
     }
 
-    /// A denial with a message, also recorded as audit annotations (the API server prefixes
-    /// the keys with the webhook's name).
-    pub fn deny(req: &AdmissionRequest, reason: &'static str, message: String) -> Self {
+    pub fn deny(req: &AdmissionRequest, reason: Reason, message: String) -> Self {
         let message = crate::policy::one_line(message);
         let mut response = AdmissionResponse::deny(&req.uid, 403, "Forbidden", message.clone());
-        response.audit_annotations = audit("deny", reason);
+        response.audit_annotations = audit(Verdict::Deny, reason);
         Decision {
             response,
-            verdict: "deny",
+            verdict: Verdict::Deny,
             reason,
             detail: message,
         }
     }
 }
 
-pub fn audit(verdict: &str, reason: &str) -> BTreeMap<String, String> {
+/// A denial or a pin, also recorded as audit annotations (the API server prefixes the keys
+/// with the webhook's name). An enforced pin says `pin` there, as it always has.
+fn audit(verdict: Verdict, reason: Reason) -> BTreeMap<String, String> {
+    let decision = match verdict {
+        Verdict::Patch => "pin",
+        v => v.as_str(),
+    };
     BTreeMap::from([
-        ("decision".to_string(), verdict.to_string()),
-        ("reason".to_string(), reason.to_string()),
+        ("decision".to_string(), decision.to_string()),
+        ("reason".to_string(), reason.as_str().to_string()),
     ])
 }
 
@@ -150,25 +177,20 @@ pub fn deliver(
         Webhook::SyncFinalizer => rollout.sync_finalizer,
         Webhook::MoveWindow | Webhook::LeaseHold => rollout.move_window,
     };
-    let outcome = match d.verdict {
-        "deny" => RuleOutcome::Deny,
-        "patch" => RuleOutcome::Patch,
-        _ => RuleOutcome::Allow,
-    };
     let exemption = rollout.exemption(&req.user_info.username, &req.user_info.groups);
-    let delivery = rollout::deliver(outcome, mode, exemption.is_some());
-    let would = match outcome {
-        RuleOutcome::Patch => "pin this",
+    let delivery = rollout::deliver(d.verdict, mode, exemption.is_some());
+    let would = match d.verdict {
+        Verdict::Patch => "pin this",
         _ => "deny this request",
     };
-    let warning = match (&delivery, exemption) {
+    let warning = match (delivery, exemption) {
         (Delivery::AsDecided, _) => return d,
-        (Delivery::Warn { .. }, _) => Some(format!(
+        (Delivery::Warn, _) => Some(format!(
             "handoff would {would} ({} is in warn mode): {}",
             webhook.as_str(),
             d.detail
         )),
-        (Delivery::Audit { .. }, _) => None,
+        (Delivery::Audit, _) => None,
         (Delivery::Exempt, Some(e)) => Some(format!(
             "exempt from the {} rule as {e}; handoff would otherwise {would}: {}",
             webhook.as_str(),
@@ -183,8 +205,7 @@ pub fn deliver(
     Decision {
         response,
         verdict,
-        reason: d.reason,
-        detail: d.detail,
+        ..d
     }
 }
 
@@ -193,118 +214,44 @@ async fn decide_move_window(
     req: &AdmissionRequest,
     deadline: Option<tokio::time::Instant>,
 ) -> Decision {
-    let is_deployments = req.resource.group == "apps" && req.resource.resource == "deployments";
-    let sub = req.sub_resource.as_deref().unwrap_or("");
-    let scale = match (is_deployments, sub, req.operation) {
-        (true, "", Operation::Create | Operation::Update) => false,
-        (true, "scale", Operation::Update) => true,
-        _ => return Decision::allow(req, "not-applicable"),
+    let Some(pin) = PinRequest::from_review(req) else {
+        return Decision::allow(req, Reason::Pin(PinReason::NotApplicable));
     };
     let snap = state.windows.snapshot();
-    // Windows handoff cannot see: not listed yet, or the watch has gone stale. Then the last
-    // known windows only tell what could be selected; they pin nothing on their own.
-    let unseen = if state.windows.is_synced() {
-        state.health.windows.stale("MoveWindow", state.stale_after)
-    } else {
-        Some("handoff has not yet read the MoveWindows from the API server".to_string())
-    };
-    let doubt = match &unseen {
-        Some(why) => Some(("state-unavailable", why.clone())),
-        None if !snap.invalid.is_empty() => Some(("invalid-window", snap.invalid.join("; "))),
-        None => None,
-    };
-    let could_select: Vec<OpenWindow> = match &unseen {
-        Some(_) => std::iter::once(default_window().clone())
-            .chain(snap.open.iter().map(|w| OpenWindow {
-                name: format!("the last known selector of MoveWindow \"{}\"", w.name),
-                selector: w.selector.clone(),
-            }))
-            .collect(),
-        None => Vec::new(),
-    };
-    let view = WindowView {
-        open: if unseen.is_some() { &[] } else { &snap.open },
-        pinned: &snap.pinned,
-        doubt: doubt.as_ref().map(|(reason, why)| Doubt {
-            reason,
-            why,
-            could_select: if unseen.is_some() {
-                &could_select
-            } else {
-                std::slice::from_ref(default_window())
-            },
-        }),
-    };
-    if view.open.is_empty() && view.doubt.is_none() {
-        return Decision::allow(req, "no-open-window");
-    }
-    let Some(object) = req.object.as_ref() else {
-        return Decision::deny(
-            req,
-            "no-object",
-            format!(
-                "{} of {} carries no object to pin",
-                req.operation.as_str(),
-                req.resource_path()
-            ),
-        );
-    };
-    let namespace = req
-        .namespace
-        .as_deref()
-        .or(object.metadata.namespace.as_deref())
-        .unwrap_or("");
-    let name = req.object_name().unwrap_or("");
-    let lookup;
-    let parent_stale;
-    let target = if scale {
-        // Leave time to answer: 50 ms before the deadline the read gives up as "unavailable".
-        let budget = deadline.map_or(state.api_timeout, |d| {
-            d.saturating_duration_since(tokio::time::Instant::now())
-                .saturating_sub(std::time::Duration::from_millis(50))
-                .min(state.api_timeout)
-        });
-        lookup = state.deployment(namespace, name, budget).await;
-        parent_stale = state
-            .health
-            .deployments
-            .stale("Deployment", state.stale_after);
-        let parent = match &lookup {
-            DeploymentLookup::Known(d) => ParentDeployment::Known {
-                labels: d.labels.as_ref(),
-                annotations: d.annotations.as_ref(),
-                stale: parent_stale.as_deref(),
-            },
-            DeploymentLookup::Missing => ParentDeployment::Missing,
-            DeploymentLookup::Unavailable(why) => ParentDeployment::Unavailable(why),
-        };
-        PinTarget::Scale { object, parent }
-    } else {
-        PinTarget::Deployment {
-            object,
-            old_object: req.old_object.as_ref(),
+    let view = WindowView::new(
+        &snap.open,
+        &snap.invalid,
+        &snap.pinned,
+        state.windows_unseen(),
+    );
+    let (lookup, stale);
+    let pin = match pin.parent_to_read(&view) {
+        None => pin,
+        Some((namespace, name)) => {
+            lookup = state.deployment(namespace, name, deadline).await;
+            stale = state
+                .health
+                .deployments
+                .stale("Deployment", state.stale_after);
+            pin.with_parent(lookup.parent(stale.as_deref()))
         }
     };
-    let pin = PinRequest {
-        namespace,
-        name,
-        target,
-    };
     match move_window::decide(&pin, &view, &state.own) {
-        PinVerdict::Allow(reason) => Decision::allow(req, reason),
-        PinVerdict::Deny { reason, message } => Decision::deny(req, reason, message),
+        PinVerdict::Allow(reason) => Decision::allow(req, Reason::Pin(reason)),
+        PinVerdict::Deny { reason, message } => Decision::deny(req, Reason::Pin(reason), message),
         PinVerdict::Pin {
             ops,
             warning,
             reason,
             ..
         } => {
+            let reason = Reason::Pin(reason);
             let mut response = AdmissionResponse::allow(&req.uid).with_patch(&ops);
             response.warnings.push(warning.clone());
-            response.audit_annotations = audit("pin", reason);
+            response.audit_annotations = audit(Verdict::Patch, reason);
             Decision {
                 response,
-                verdict: "patch",
+                verdict: Verdict::Patch,
                 reason,
                 detail: warning,
             }
@@ -314,70 +261,52 @@ async fn decide_move_window(
 
 /// Everything the rule reads is on the stored Lease (`oldObject`): no state, never in doubt.
 fn decide_lease_hold(req: &AdmissionRequest) -> Decision {
-    let is_lease = req.resource.group == "coordination.k8s.io"
-        && req.resource.resource == "leases"
-        && req.sub_resource.as_deref().unwrap_or("").is_empty();
-    if !is_lease {
-        return Decision::allow(req, "not-applicable");
-    }
-    let old = req.old_object.as_ref().map(|o| &o.metadata);
-    let write = lease_hold::LeaseWrite {
-        operation: req.operation,
-        username: &req.user_info.username,
-        namespace: req.namespace.as_deref().unwrap_or(""),
-        name: req.object_name().unwrap_or(""),
-        old_labels: old.and_then(|m| m.labels.as_ref()),
-        old_annotations: old.and_then(|m| m.annotations.as_ref()),
+    let Some(write) = LeaseWrite::from_review(req) else {
+        return Decision::allow(req, Reason::Lease(LeaseReason::NotApplicable));
     };
-    match lease_hold::decide(&write) {
-        lease_hold::LeaseVerdict::Allow(reason) => Decision::allow(req, reason),
-        lease_hold::LeaseVerdict::Deny { reason, message } => Decision::deny(req, reason, message),
+    let verdict = lease_hold::decide(&write);
+    let reason = Reason::Lease(verdict.reason());
+    match verdict {
+        LeaseVerdict::Allow(_) => Decision::allow(req, reason),
+        LeaseVerdict::Deny { message } => Decision::deny(req, reason, message),
     }
 }
 
 async fn decide_sync_finalizer(state: &State, req: &AdmissionRequest) -> Decision {
     let Some(delete) = DeleteRequest::from_review(req) else {
-        return Decision::allow(req, sync_finalizer::AllowReason::NotDelete.as_str());
+        return Decision::allow(req, Reason::GuardAllow(AllowReason::NotDelete));
     };
-    let decide_on = |lookup: &NamespaceLookup, kcp: &KcpRead| {
-        let ns_state = match lookup {
-            NamespaceLookup::Relevant(m) => NamespaceState::Known(m),
-            NamespaceLookup::Plain => NamespaceState::Plain,
-            NamespaceLookup::Unavailable(why) => NamespaceState::Unavailable(why),
-        };
-        let server = state.kcp.as_ref().map_or("", |k| k.server.as_str());
-        let kcp_state = match kcp {
-            KcpRead::NotRead => KcpState::NotRead,
-            KcpRead::Known { at, view } => KcpState::Known {
-                at,
-                holds: &view.holds,
-                server,
-            },
-            KcpRead::Unavailable { at, why } => KcpState::Unavailable {
-                at: at.as_ref(),
-                why,
-            },
-        };
-        sync_finalizer::decide_with_kcp(&delete, ns_state, kcp_state, &state.ids)
+    let server = state.kcp.as_ref().map_or("", |k| k.server.as_str());
+    let decide_on = |lookup: &NamespaceLookup, kcp: &KcpRead, fresh| {
+        let (ns, kcp) = (lookup.state(), kcp.state(server));
+        sync_finalizer::decide_with_kcp(&delete, ns, kcp, fresh, &state.ids)
     };
     // Only a sync target (or what looks like one) has a namespace to read; everyone else is
     // decided without reading anything, here or in kcp.
     let Some(ns) = delete.namespace_to_read(&state.ids) else {
-        return verdict(req, decide_on(&NamespaceLookup::Plain, &KcpRead::NotRead));
+        let plain = decide_on(
+            &NamespaceLookup::Plain,
+            &KcpRead::NotRead,
+            Freshness::Proven,
+        );
+        return guard(req, plain);
     };
-    let (lookup, fresh) = state.namespace(ns).await;
+    let (lookup, read_now) = state.namespace(ns).await;
     // The kcp namespace the locator names, when handoff reads kcp: never older than
     // --max-staleness, and unreadable denies.
     let kcp = state.kcp_namespace(&lookup).await;
-    let first = decide_on(&lookup, &kcp);
-    // Never allow a sync target's delete on a view that cannot be shown to be current
-    // (DESIGN §1.3): read the namespace now and decide on that.
-    let unproven = match first.is_allowed() && !fresh {
-        true => state.namespaces_unproven(),
-        false => None,
+    let unproven = if read_now {
+        None
+    } else {
+        state.namespaces_unproven()
     };
-    let Some(why) = unproven else {
-        return verdict(req, first);
+    let fresh = match unproven {
+        Some(_) => Freshness::Unproven,
+        None => Freshness::Proven,
+    };
+    let first = decide_on(&lookup, &kcp, fresh);
+    let (GuardVerdict::ReadAgain, Some(why)) = (&first, unproven) else {
+        return guard(req, first);
     };
     let lookup = match state.read_namespace(ns).await {
         NamespaceLookup::Unavailable(e) => {
@@ -388,21 +317,15 @@ async fn decide_sync_finalizer(state: &State, req: &AdmissionRequest) -> Decisio
     // The fresh view may name another kcp namespace (or none); the kcp side answers from its
     // own fresh view.
     let kcp = state.kcp_namespace(&lookup).await;
-    verdict(req, decide_on(&lookup, &kcp))
+    guard(req, decide_on(&lookup, &kcp, Freshness::Proven))
 }
 
-fn verdict(req: &AdmissionRequest, v: Verdict) -> Decision {
+fn guard(req: &AdmissionRequest, v: GuardVerdict) -> Decision {
     match v {
-        v @ Verdict::Allow(_) => Decision::allow(req, v.reason()),
-        Verdict::Deny { rule, message } => Decision::deny(req, rule.as_str(), message),
+        GuardVerdict::Allow(r) => Decision::allow(req, Reason::GuardAllow(r)),
+        GuardVerdict::Deny { rule, message } => {
+            Decision::deny(req, Reason::GuardDeny(rule), message)
+        }
+        GuardVerdict::ReadAgain => unreachable!("a view read just now is proven"),
     }
-}
-
-/// Cluster API's provider controllers: what a window handoff cannot see would most likely pin.
-fn default_window() -> &'static OpenWindow {
-    static DEFAULT: std::sync::LazyLock<OpenWindow> = std::sync::LazyLock::new(|| OpenWindow {
-        name: "the Cluster API default selector".into(),
-        selector: crate::resources::move_window::MoveWindowSpec::default_selector(),
-    });
-    &DEFAULT
 }

@@ -1,23 +1,27 @@
-//! The move-window pin on any decodable AdmissionReview, as a Deployment write and as a scale
-//! request, with one open window using the Cluster API default selector.
+//! The move-window pin on any decodable AdmissionReview, sent as a Deployment write and as a
+//! scale request (read by `PinRequest::from_review`, as the webhook reads them), with one open
+//! window using the Cluster API default selector, and with the MoveWindows not yet read.
 //!
 //! Invariants: no panic; a pin's JSONPatch (serialized, then applied with the `json-patch`
 //! crate to the request's object JSON) applies and leaves `spec.replicas == 0`, and records a
 //! saved count the policy can read back; deciding again on the patched object yields no ops.
 //! The patch checks need the object in the shape the API server sends (see `k8s_shape`).
+//! While the windows are unread nothing is pinned, and only a write the default selector
+//! selects is refused (an app's scale-up passes); a write without its object is refused while
+//! a window is open or could be.
 #![no_main]
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use handoff::admission::{AdmissionRequest, ObjectView, PatchOp, decode_review};
+use handoff::admission::{AdmissionRequest, ObjectView, Operation, PatchOp, decode_review};
 use handoff::policy::move_window::{
-    OpenWindow, OwnDeployment, ParentDeployment, PinRequest, PinTarget, PinVerdict,
-    SAVED_REPLICAS_ANNOTATION, SavedReplicas, WindowView, decide,
+    OpenWindow, OwnDeployment, ParentDeployment, PinReason, PinRequest, PinTarget, PinVerdict,
+    SAVED_REPLICAS_ANNOTATION, SavedReplicas, Unseen, WindowView, decide,
 };
 use handoff::policy::selector::Selector;
-use handoff::state::windows::DeploymentMeta;
 use handoff::resources::move_window::default_deployment_selector;
+use handoff::state::windows::DeploymentMeta;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
@@ -86,10 +90,61 @@ fn apply(obj: &Value, ops: &[PatchOp]) -> Value {
     doc
 }
 
-fn check_deployment(req: &AdmissionRequest, raw: Option<&Value>, pin: &PinRequest<'_>) {
-    let PinTarget::Deployment { old_object, .. } = pin.target else {
-        unreachable!()
+/// `req` as the API server sends it to the pin: an UPDATE of `deployments/scale`, or a write of
+/// `deployments` (its own operation when that is CREATE or UPDATE).
+fn sent_as(req: &AdmissionRequest, scale: bool) -> AdmissionRequest {
+    let mut r = req.clone();
+    r.resource.group = "apps".into();
+    r.resource.resource = "deployments".into();
+    r.sub_resource = scale.then(|| "scale".into());
+    if scale || !matches!(r.operation, Operation::Create | Operation::Update) {
+        r.operation = Operation::Update;
+    }
+    r
+}
+
+/// `req` again, carrying `object` (the patched one).
+fn with_object(req: &AdmissionRequest, object: ObjectView) -> AdmissionRequest {
+    AdmissionRequest {
+        object: Some(object),
+        ..req.clone()
+    }
+}
+
+/// While no MoveWindow has been read: nothing is pinned, and only what the default selector
+/// could select is refused.
+fn check_unread(pin: &PinRequest<'_>) {
+    let unread = WindowView::new(&[], &[], &[], Some(Unseen::NotListed));
+    let default = &WINDOWS[0].selector;
+    let selected = match pin.target {
+        PinTarget::Deployment { object, .. } => default.matches(object.metadata.labels.as_ref()),
+        PinTarget::Scale {
+            parent: ParentDeployment::Known { labels, .. },
+            ..
+        } => default.matches(labels),
+        PinTarget::Scale { .. } => false,
+        PinTarget::NoObject { .. } => true,
     };
+    let own = pin.namespace == OWN.namespace && pin.name == OWN.name;
+    match decide(pin, &unread, &OWN) {
+        PinVerdict::Pin { .. } => panic!("pinned by a window nobody has read: {pin:?}"),
+        PinVerdict::Deny { reason, .. } => assert!(
+            match reason {
+                PinReason::NoObject => matches!(pin.target, PinTarget::NoObject { .. }),
+                PinReason::StateUnavailable => selected && !own,
+                _ => false,
+            },
+            "refused a write no unseen window could select: {reason:?} {pin:?}"
+        ),
+        PinVerdict::Allow(reason) => assert!(
+            !selected || own,
+            "allowed {pin:?} while in doubt: {reason:?}"
+        ),
+    }
+}
+
+fn check_deployment(req: &AdmissionRequest, raw: Option<&Value>, pin: &PinRequest<'_>) {
+    check_unread(pin);
     let PinVerdict::Pin {
         ops,
         restore_to,
@@ -114,7 +169,7 @@ fn check_deployment(req: &AdmissionRequest, raw: Option<&Value>, pin: &PinReques
     );
     let before = raw.pointer(&saved_pointer);
     let saved = doc.pointer(&saved_pointer).and_then(Value::as_str);
-    if reason == "pinned-unreadable-count" {
+    if reason == PinReason::PinnedUnreadableCount {
         // An unreadable saved count is left as it was, for `window close` to report; the
         // Deployment will be restored to 1.
         assert_eq!(
@@ -148,13 +203,8 @@ fn check_deployment(req: &AdmissionRequest, raw: Option<&Value>, pin: &PinReques
     }
     let patched: ObjectView =
         serde_json::from_value(doc.clone()).expect("the patched object still decodes");
-    let again = PinRequest {
-        target: PinTarget::Deployment {
-            object: &patched,
-            old_object,
-        },
-        ..*pin
-    };
+    let sent = with_object(req, patched);
+    let again = PinRequest::from_review(&sent).expect("still a Deployment write");
     match decide(&again, &WindowView::known(&WINDOWS), &OWN) {
         PinVerdict::Pin {
             ops: ops2,
@@ -171,7 +221,8 @@ fn check_deployment(req: &AdmissionRequest, raw: Option<&Value>, pin: &PinReques
     }
 }
 
-fn check_scale(raw: Option<&Value>, pin: &PinRequest<'_>) {
+fn check_scale(req: &AdmissionRequest, raw: Option<&Value>, pin: &PinRequest<'_>) {
+    check_unread(pin);
     let PinTarget::Scale { parent, .. } = pin.target else {
         unreachable!()
     };
@@ -191,13 +242,10 @@ fn check_scale(raw: Option<&Value>, pin: &PinRequest<'_>) {
     );
     let patched: ObjectView =
         serde_json::from_value(doc.clone()).expect("the patched object still decodes");
-    let again = PinRequest {
-        target: PinTarget::Scale {
-            object: &patched,
-            parent,
-        },
-        ..*pin
-    };
+    let sent = with_object(req, patched);
+    let again = PinRequest::from_review(&sent)
+        .expect("still a scale request")
+        .with_parent(parent);
     match decide(&again, &WindowView::known(&WINDOWS), &OWN) {
         PinVerdict::Pin { ops: ops2, .. } => assert!(
             ops2.is_empty(),
@@ -211,32 +259,33 @@ fuzz_target!(|data: &[u8]| {
     let Ok(req) = decode_review(data) else {
         return;
     };
-    // The edge denies a write without an object before the policy sees it.
-    let Some(object) = req.object.as_ref() else {
-        return;
-    };
     // serde skips unknown fields without checking their `\u` escapes, so a body that
     // `decode_review` accepts may still not parse as a `Value` (lone surrogates): no raw JSON
     // to patch then.
     let body: Option<Value> = serde_json::from_slice(data).ok();
     let raw = body.as_ref().and_then(|b| b.pointer("/request/object"));
-    // As `webhook::decide_move_window` builds it.
-    let namespace = req
-        .namespace
-        .as_deref()
-        .or(object.metadata.namespace.as_deref())
-        .unwrap_or("");
-    let name = req.object_name().unwrap_or("");
 
-    let pin = PinRequest {
-        namespace,
-        name,
-        target: PinTarget::Deployment {
-            object,
-            old_object: req.old_object.as_ref(),
-        },
+    let write = sent_as(&req, false);
+    let pin = PinRequest::from_review(&write).expect("a Deployment write");
+    let Some(object) = req.object.as_ref() else {
+        let PinTarget::NoObject { .. } = pin.target else {
+            panic!("{pin:?} has an object the request does not")
+        };
+        check_unread(&pin);
+        assert_eq!(
+            decide(&pin, &WindowView::known(&[]), &OWN),
+            PinVerdict::Allow(PinReason::NoOpenWindow)
+        );
+        assert!(matches!(
+            decide(&pin, &WindowView::known(&WINDOWS), &OWN),
+            PinVerdict::Deny {
+                reason: PinReason::NoObject,
+                ..
+            }
+        ));
+        return;
     };
-    check_deployment(&req, raw, &pin);
+    check_deployment(&write, raw, &pin);
 
     // The parent as the Deployment cache keeps it, from the object's own metadata and from a
     // selected Deployment carrying the object's annotations.
@@ -260,12 +309,13 @@ fuzz_target!(|data: &[u8]| {
         ParentDeployment::Missing,
         ParentDeployment::Unavailable("the API server did not answer within 3s"),
     ];
+    let scale = sent_as(&req, true);
+    let pin = PinRequest::from_review(&scale).expect("a scale request");
+    assert_eq!(
+        pin.parent_to_read(&WindowView::known(&WINDOWS)),
+        Some((pin.namespace, pin.name))
+    );
     for parent in parents {
-        let pin = PinRequest {
-            namespace,
-            name,
-            target: PinTarget::Scale { object, parent },
-        };
-        check_scale(raw, &pin);
+        check_scale(&scale, raw, &pin.with_parent(parent));
     }
 });

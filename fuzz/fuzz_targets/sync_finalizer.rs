@@ -3,8 +3,12 @@
 //! a locator, a namespace carrying the request's `oldObject` annotations, a plain one and an
 //! unreadable one.
 //!
+//! Each on a proven view and on one nothing has proven lately (DESIGN §1.3).
+//!
 //! Invariants: no panic; a requester that cannot be a sync target is always allowed; a
-//! denial message is non-empty and one line (kubectl prints it after "denied the request: ").
+//! denial message is non-empty and one line (kubectl prints it after "denied the request: ");
+//! on an unproven view a sync target's delete is never allowed, only read again where the
+//! proven view allows it, and every other verdict is the proven view's.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -13,7 +17,8 @@ use std::sync::LazyLock;
 use handoff::admission::{Operation, decode_review};
 use handoff::policy::identity::Identities;
 use handoff::policy::sync_finalizer::{
-    DeleteRequest, NamespaceMeta, NamespaceState, Verdict, decide,
+    DeleteRequest, Freshness, GuardVerdict, KcpState, NamespaceMeta, NamespaceState, decide,
+    decide_with_kcp,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -73,9 +78,10 @@ fuzz_target!(|data: &[u8]| {
     }
     // Also a namespace whose annotations are the fuzzed object's own (for a Namespace delete,
     // what the cache would hold), so the fuzzer controls locators and finalizer values too.
-    let from_object = req.old_object.as_ref().map(|o| {
-        NamespaceMeta::from_annotations(o.metadata.annotations.as_ref(), ids)
-    });
+    let from_object = req
+        .old_object
+        .as_ref()
+        .map(|o| NamespaceMeta::from_annotations(o.metadata.annotations.as_ref(), ids));
     let states = [
         Some(NamespaceState::Known(&HELD)),
         Some(NamespaceState::Known(&HELD_NO_LOCATOR)),
@@ -94,12 +100,19 @@ fuzz_target!(|data: &[u8]| {
                 del.username
             );
         }
-        if let Verdict::Deny { message, .. } = &verdict {
+        if let GuardVerdict::Deny { message, .. } = &verdict {
             assert!(!message.trim().is_empty(), "empty denial message");
             assert!(
                 !message.contains(['\n', '\r']),
                 "denial message is not one line: {message:?}"
             );
+        }
+        let unproven = decide_with_kcp(&del, state, KcpState::NotRead, Freshness::Unproven, ids);
+        match (&unproven, del.namespace_to_read(ids)) {
+            (GuardVerdict::ReadAgain, Some(_)) => assert!(verdict.is_allowed(), "{verdict:?}"),
+            (GuardVerdict::ReadAgain, None) => panic!("{del:?} read again with nothing to read"),
+            (GuardVerdict::Allow(_), Some(_)) => panic!("allowed on an unproven view: {del:?}"),
+            (v, _) => assert_eq!(*v, verdict, "unproven view changed the verdict"),
         }
     }
 });

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::admission::Operation;
+use crate::admission::{AdmissionRequest, Operation};
 
 /// On a held Lease: the MoveWindow that holds it.
 pub const HELD_BY_LABEL: &str = "handoff.dev/held-by-window";
@@ -44,13 +44,67 @@ pub struct LeaseWrite<'a> {
     pub old_annotations: Option<&'a BTreeMap<String, String>>,
 }
 
+impl<'a> LeaseWrite<'a> {
+    /// `None` when the request is not a write to a Lease.
+    pub fn from_review(req: &'a AdmissionRequest) -> Option<Self> {
+        let is_lease = req.resource.group == "coordination.k8s.io"
+            && req.resource.resource == "leases"
+            && req.sub_resource.as_deref().unwrap_or("").is_empty();
+        if !is_lease {
+            return None;
+        }
+        let old = req.old_object.as_ref().map(|o| &o.metadata);
+        Some(LeaseWrite {
+            operation: req.operation,
+            username: &req.user_info.username,
+            namespace: req.namespace.as_deref().unwrap_or(""),
+            name: req.object_name().unwrap_or(""),
+            old_labels: old.and_then(|m| m.labels.as_ref()),
+            old_annotations: old.and_then(|m| m.annotations.as_ref()),
+        })
+    }
+}
+
+/// Why the guard decided as it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseReason {
+    /// Not an UPDATE or DELETE of a Lease.
+    NotApplicable,
+    /// No window holds the stored Lease.
+    NotHeld,
+    /// The writer is the operator of the window that holds it.
+    WindowOperator,
+    /// A window holds it, and the writer is not its operator.
+    LeaseHeld,
+}
+
+impl LeaseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseReason::NotApplicable => "not-applicable",
+            LeaseReason::NotHeld => "not-held",
+            LeaseReason::WindowOperator => "window-operator",
+            LeaseReason::LeaseHeld => "lease-held",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseVerdict {
-    Allow(&'static str),
+    Allow(LeaseReason),
+    /// Always for `LeaseReason::LeaseHeld`.
     Deny {
-        reason: &'static str,
         message: String,
     },
+}
+
+impl LeaseVerdict {
+    pub fn reason(&self) -> LeaseReason {
+        match self {
+            LeaseVerdict::Allow(r) => *r,
+            LeaseVerdict::Deny { .. } => LeaseReason::LeaseHeld,
+        }
+    }
 }
 
 /// Only the stored Lease decides: a write that takes a Lease (the label is new) is the
@@ -58,10 +112,10 @@ pub enum LeaseVerdict {
 /// alone, whatever it writes, so `close` can release it and nobody else can take it back.
 pub fn decide(w: &LeaseWrite<'_>) -> LeaseVerdict {
     if !matches!(w.operation, Operation::Update | Operation::Delete) {
-        return LeaseVerdict::Allow("not-applicable");
+        return LeaseVerdict::Allow(LeaseReason::NotApplicable);
     }
     let Some(window) = w.old_labels.and_then(|l| l.get(HELD_BY_LABEL)) else {
-        return LeaseVerdict::Allow("not-held");
+        return LeaseVerdict::Allow(LeaseReason::NotHeld);
     };
     let operator = w
         .old_annotations
@@ -69,7 +123,7 @@ pub fn decide(w: &LeaseWrite<'_>) -> LeaseVerdict {
         .map(String::as_str)
         .filter(|o| !o.is_empty());
     if operator == Some(w.username) {
-        return LeaseVerdict::Allow("window-operator");
+        return LeaseVerdict::Allow(LeaseReason::WindowOperator);
     }
     let verb = match w.operation {
         Operation::Delete => "delete",
@@ -80,7 +134,6 @@ pub fn decide(w: &LeaseWrite<'_>) -> LeaseVerdict {
         None => format!("the hold names no operator, so nobody may {verb} it through handoff"),
     };
     LeaseVerdict::Deny {
-        reason: "lease-held",
         message: format!(
             "Lease {}/{} is held by MoveWindow {window:?}, which keeps the controller that leader-elects with it stopped while its webhooks serve during a cluster move; {who}. Release it with `handoff window close {window}` as {}",
             w.namespace,
@@ -124,7 +177,7 @@ mod tests {
         for operation in [Operation::Update, Operation::Delete] {
             assert_eq!(
                 decide(&write(operation, "alice", Some(&held), Some(&op))),
-                LeaseVerdict::Allow("window-operator")
+                LeaseVerdict::Allow(LeaseReason::WindowOperator)
             );
             // The provider's own leader election, another admin, a controller: all refused,
             // and told who may and how.
@@ -134,12 +187,11 @@ mod tests {
                 "alice2",
                 "",
             ] {
-                let LeaseVerdict::Deny { reason, message } =
-                    decide(&write(operation, other, Some(&held), Some(&op)))
-                else {
+                let verdict = decide(&write(operation, other, Some(&held), Some(&op)));
+                assert_eq!(verdict.reason().as_str(), "lease-held");
+                let LeaseVerdict::Deny { message } = verdict else {
                     panic!("{other} may write a held Lease");
                 };
-                assert_eq!(reason, "lease-held");
                 assert!(message.contains("MoveWindow \"move-1\""), "{message}");
                 assert!(message.contains("handoff window close move-1"), "{message}");
                 assert!(message.contains("\"alice\""), "{message}");
@@ -155,7 +207,7 @@ mod tests {
             for operation in [Operation::Update, Operation::Delete] {
                 assert_eq!(
                     decide(&write(operation, "bob", labels, Some(&op))),
-                    LeaseVerdict::Allow("not-held")
+                    LeaseVerdict::Allow(LeaseReason::NotHeld)
                 );
             }
         }
@@ -164,9 +216,32 @@ mod tests {
         for operation in [Operation::Create, Operation::Connect] {
             assert_eq!(
                 decide(&write(operation, "bob", Some(&held), Some(&op))),
-                LeaseVerdict::Allow("not-applicable")
+                LeaseVerdict::Allow(LeaseReason::NotApplicable)
             );
         }
+    }
+
+    #[test]
+    fn lease_writes_from_reviews() {
+        let review = |resource: serde_json::Value, sub: &str| {
+            let body = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "u", "operation": "UPDATE", "name": "l", "namespace": "capi-system",
+                "resource": resource, "subResource": sub, "userInfo": {"username": "alice"},
+                "oldObject": {"metadata": {"name": "l", "labels": {HELD_BY_LABEL: "move-1"}}}}});
+            crate::admission::decode_review(&serde_json::to_vec(&body).unwrap()).unwrap()
+        };
+        let leases = serde_json::json!({"group": "coordination.k8s.io", "version": "v1", "resource": "leases"});
+        let r = review(leases.clone(), "");
+        let w = LeaseWrite::from_review(&r).unwrap();
+        assert_eq!(
+            (w.namespace, w.name, w.username),
+            ("capi-system", "l", "alice")
+        );
+        assert!(w.old_labels.is_some_and(|l| l[HELD_BY_LABEL] == "move-1"));
+        let configmaps =
+            serde_json::json!({"group": "", "version": "v1", "resource": "configmaps"});
+        assert!(LeaseWrite::from_review(&review(configmaps, "")).is_none());
+        assert!(LeaseWrite::from_review(&review(leases, "status")).is_none());
     }
 
     #[test]

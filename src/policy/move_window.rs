@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::admission::{ObjectView, PatchOp, pointer};
+use crate::admission::{AdmissionRequest, ObjectView, Operation, PatchOp, pointer};
 use crate::policy::selector::Selector;
 
 /// Where the count a Deployment asked for is kept while it is pinned.
@@ -53,6 +53,8 @@ pub struct OwnDeployment {
 /// What the edge knows of the Deployment behind a scale request.
 #[derive(Debug, Clone, Copy)]
 pub enum ParentDeployment<'a> {
+    /// Not looked up: `PinRequest::parent_to_read` said the decision does not need it.
+    NotRead,
     Known {
         labels: Option<&'a BTreeMap<String, String>>,
         annotations: Option<&'a BTreeMap<String, String>>,
@@ -78,25 +80,58 @@ pub struct PinnedRef {
     pub lease_stopped: bool,
 }
 
-/// Why the pin may not see every open window, and which selectors such a window could have.
-#[derive(Debug, Clone, Copy)]
-pub struct Doubt<'a> {
-    /// `state-unavailable` (not yet read, or the watch is stale) or `invalid-window`.
-    pub reason: &'static str,
-    pub why: &'a str,
-    /// The Cluster API default and the last known selectors, each named for the message.
-    pub could_select: &'a [OpenWindow],
+/// Why handoff cannot see every MoveWindow now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unseen {
+    /// The watch has not listed them yet.
+    NotListed,
+    /// The watch has been failing past `--stale-after`: the windows last seen are all there is.
+    Stale(String),
+}
+
+/// Why the pin may not see every open window, and what such a window could select.
+#[derive(Debug, Clone)]
+struct Doubt<'a> {
+    /// `StateUnavailable` or `InvalidWindow`.
+    reason: PinReason,
+    why: String,
+    /// Besides the Cluster API default: the selectors of the windows last seen open, which a
+    /// stale watch can no longer vouch for.
+    last_known: &'a [OpenWindow],
+}
+
+impl Doubt<'_> {
+    /// The selectors a window handoff cannot see could have, each named for the message.
+    fn could_select(&self) -> impl Iterator<Item = (String, &Selector)> {
+        std::iter::once((
+            "the Cluster API default selector".to_string(),
+            default_selector(),
+        ))
+        .chain(self.last_known.iter().map(|w| {
+            (
+                format!("the last known selector of MoveWindow \"{}\"", w.name),
+                &w.selector,
+            )
+        }))
+    }
+}
+
+/// Cluster API's provider controllers: what a window handoff cannot see would most likely pin.
+fn default_selector() -> &'static Selector {
+    static DEFAULT: std::sync::LazyLock<Selector> =
+        std::sync::LazyLock::new(crate::resources::move_window::MoveWindowSpec::default_selector);
+    &DEFAULT
 }
 
 /// What handoff knows of the MoveWindows when a write arrives (DESIGN §1.3).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct WindowView<'a> {
     /// Open windows it has read and can trust.
-    pub open: &'a [OpenWindow],
+    open: &'a [OpenWindow],
     /// Deployments that open (or possibly open) windows list as pinned.
-    pub pinned: &'a [PinnedRef],
+    pinned: &'a [PinnedRef],
     /// Set while windows may be open that `open` does not show.
-    pub doubt: Option<Doubt<'a>>,
+    doubt: Option<Doubt<'a>>,
 }
 
 impl<'a> WindowView<'a> {
@@ -108,8 +143,55 @@ impl<'a> WindowView<'a> {
             doubt: None,
         }
     }
+
+    /// The view of what the MoveWindow cache holds: the open windows, the open ones whose
+    /// selector does not parse (as messages) and the Deployments they list as pinned, and
+    /// whether the cache can be seen to be complete. Windows handoff cannot see turn the last
+    /// known ones into what could be selected: they pin nothing on their own.
+    pub fn new(
+        open: &'a [OpenWindow],
+        invalid: &[String],
+        pinned: &'a [PinnedRef],
+        unseen: Option<Unseen>,
+    ) -> Self {
+        let (open, doubt) = match unseen {
+            None if invalid.is_empty() => (open, None),
+            None => (
+                open,
+                Some(Doubt {
+                    reason: PinReason::InvalidWindow,
+                    why: invalid.join("; "),
+                    last_known: &[],
+                }),
+            ),
+            Some(unseen) => (
+                &[][..],
+                Some(Doubt {
+                    reason: PinReason::StateUnavailable,
+                    why: match unseen {
+                        Unseen::NotListed => {
+                            "handoff has not yet read the MoveWindows from the API server".into()
+                        }
+                        Unseen::Stale(why) => why,
+                    },
+                    last_known: open,
+                }),
+            ),
+        };
+        WindowView {
+            open,
+            pinned,
+            doubt,
+        }
+    }
+
+    /// Whether no window is open, nor could be.
+    fn is_empty(&self) -> bool {
+        self.open.is_empty() && self.doubt.is_none()
+    }
 }
 
+/// A write the pin may change, read from the AdmissionReview.
 #[derive(Debug, Clone, Copy)]
 pub enum PinTarget<'a> {
     /// CREATE or UPDATE of `apps/v1 deployments`.
@@ -122,6 +204,8 @@ pub enum PinTarget<'a> {
         object: &'a ObjectView,
         parent: ParentDeployment<'a>,
     },
+    /// Either, sent without its object: nothing to pin.
+    NoObject { operation: Operation, scale: bool },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -131,18 +215,129 @@ pub struct PinRequest<'a> {
     pub target: PinTarget<'a>,
 }
 
+impl<'a> PinRequest<'a> {
+    /// `None` when the request is not a write the pin reads. A scale request's parent is
+    /// `NotRead`, until the edge reads the one `parent_to_read` names.
+    pub fn from_review(req: &'a AdmissionRequest) -> Option<Self> {
+        if req.resource.group != "apps" || req.resource.resource != "deployments" {
+            return None;
+        }
+        let scale = match (req.sub_resource.as_deref().unwrap_or(""), req.operation) {
+            ("", Operation::Create | Operation::Update) => false,
+            ("scale", Operation::Update) => true,
+            _ => return None,
+        };
+        let object = req.object.as_ref();
+        let namespace = req
+            .namespace
+            .as_deref()
+            .or(object.and_then(|o| o.metadata.namespace.as_deref()))
+            .unwrap_or("");
+        let target = match object {
+            None => PinTarget::NoObject {
+                operation: req.operation,
+                scale,
+            },
+            Some(object) if scale => PinTarget::Scale {
+                object,
+                parent: ParentDeployment::NotRead,
+            },
+            Some(object) => PinTarget::Deployment {
+                object,
+                old_object: req.old_object.as_ref(),
+            },
+        };
+        Some(PinRequest {
+            namespace,
+            name: req.object_name().unwrap_or(""),
+            target,
+        })
+    }
+
+    /// The Deployment (namespace, name) whose labels decide a scale request, when a window is
+    /// open or could be: only then is it read.
+    pub fn parent_to_read(&self, view: &WindowView<'_>) -> Option<(&'a str, &'a str)> {
+        match self.target {
+            PinTarget::Scale { .. } if !view.is_empty() => Some((self.namespace, self.name)),
+            _ => None,
+        }
+    }
+
+    /// This request, with the parent of its scale as the edge found it.
+    pub fn with_parent<'b>(self, parent: ParentDeployment<'b>) -> PinRequest<'b>
+    where
+        'a: 'b,
+    {
+        let target = match self.target {
+            PinTarget::Scale { object, .. } => PinTarget::Scale { object, parent },
+            other => other,
+        };
+        PinRequest { target, ..self }
+    }
+}
+
+/// Why the pin decided as it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinReason {
+    /// Not a write of a Deployment or its scale.
+    NotApplicable,
+    NoOpenWindow,
+    /// A write the API server sent without its object, refused while a window is open.
+    NoObject,
+    /// handoff's own Deployment.
+    OwnDeployment,
+    /// A Deployment a window stops by its Lease, never pinned.
+    LeaseStopped,
+    NotSelected,
+    /// The scale's Deployment does not exist.
+    NoSuchDeployment,
+    /// The scale's Deployment could not be read, and no window lists it as pinned.
+    ParentUnknownNotPinned,
+    /// A negative count, for the API server's validation to reject.
+    InvalidReplicas,
+    Pinned,
+    /// Pinned, leaving its unreadable saved count for `window close` to report.
+    PinnedUnreadableCount,
+    PinnedScale,
+    /// A window handoff cannot see, or a Deployment it cannot read, could select it.
+    StateUnavailable,
+    /// An open window whose selector does not parse could select it.
+    InvalidWindow,
+}
+
+impl PinReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PinReason::NotApplicable => "not-applicable",
+            PinReason::NoOpenWindow => "no-open-window",
+            PinReason::NoObject => "no-object",
+            PinReason::OwnDeployment => "own-deployment",
+            PinReason::LeaseStopped => "lease-stopped",
+            PinReason::NotSelected => "not-selected",
+            PinReason::NoSuchDeployment => "no-such-deployment",
+            PinReason::ParentUnknownNotPinned => "parent-unknown-not-pinned",
+            PinReason::InvalidReplicas => "invalid-replicas",
+            PinReason::Pinned => "pinned",
+            PinReason::PinnedUnreadableCount => "pinned-unreadable-count",
+            PinReason::PinnedScale => "pinned-scale",
+            PinReason::StateUnavailable => "state-unavailable",
+            PinReason::InvalidWindow => "invalid-window",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum PinVerdict {
-    Allow(&'static str),
+    Allow(PinReason),
     Pin {
         window: String,
         ops: Vec<PatchOp>,
         restore_to: SavedReplicas,
         warning: String,
-        reason: &'static str,
+        reason: PinReason,
     },
     Deny {
-        reason: &'static str,
+        reason: PinReason,
         message: String,
     },
 }
@@ -153,11 +348,21 @@ pub enum PinVerdict {
 /// refused while handoff cannot see every window or the parent of a Scale (DESIGN §1.3):
 /// everything else passes, whatever handoff's caches know.
 pub fn decide(req: &PinRequest<'_>, view: &WindowView<'_>, own: &OwnDeployment) -> PinVerdict {
-    if view.open.is_empty() && view.doubt.is_none() {
-        return PinVerdict::Allow("no-open-window");
+    if view.is_empty() {
+        return PinVerdict::Allow(PinReason::NoOpenWindow);
+    }
+    if let PinTarget::NoObject { operation, scale } = req.target {
+        return PinVerdict::Deny {
+            reason: PinReason::NoObject,
+            message: format!(
+                "{} of deployments.apps{} carries no object to pin",
+                operation.as_str(),
+                if scale { "/scale" } else { "" }
+            ),
+        };
     }
     if req.namespace == own.namespace && req.name == own.name {
-        return PinVerdict::Allow("own-deployment");
+        return PinVerdict::Allow(PinReason::OwnDeployment);
     }
     // Pinning a Lease-stopped controller to 0 would take down the webhooks the Lease strategy
     // keeps serving. Only while every window is known: in doubt, the refusal below is safer.
@@ -167,16 +372,17 @@ pub fn decide(req: &PinRequest<'_>, view: &WindowView<'_>, own: &OwnDeployment) 
             .iter()
             .any(|p| p.lease_stopped && p.namespace == req.namespace && p.name == req.name)
     {
-        return PinVerdict::Allow("lease-stopped");
+        return PinVerdict::Allow(PinReason::LeaseStopped);
     }
     let what = format!("{}/{}", req.namespace, req.name);
     match req.target {
+        PinTarget::NoObject { .. } => unreachable!("refused above"),
         PinTarget::Deployment { object, old_object } => {
             let labels = object.metadata.labels.as_ref();
             match view.open.iter().find(|w| w.selector.matches(labels)) {
                 Some(w) => pin_deployment(w, &what, object, old_object),
                 None => refuse_if_could_be_pinned(req, view, Some(labels), None, &what)
-                    .unwrap_or(PinVerdict::Allow("not-selected")),
+                    .unwrap_or(PinVerdict::Allow(PinReason::NotSelected)),
             }
         }
         PinTarget::Scale { object, parent } => {
@@ -186,17 +392,19 @@ pub fn decide(req: &PinRequest<'_>, view: &WindowView<'_>, own: &OwnDeployment) 
                     annotations,
                     stale,
                 } => (Some(labels), annotations, stale),
-                ParentDeployment::Missing => return PinVerdict::Allow("no-such-deployment"),
+                ParentDeployment::Missing => return PinVerdict::Allow(PinReason::NoSuchDeployment),
                 ParentDeployment::Unavailable(why) => (None, None, Some(why)),
+                // The edge reads what `parent_to_read` names; unread, it is as unknown.
+                ParentDeployment::NotRead => (None, None, Some("handoff did not read it")),
             };
             let selected = labels.and_then(|l| view.open.iter().find(|w| w.selector.matches(l)));
             match selected {
                 Some(w) => pin_scale(w, &what, object, annotations),
                 None => refuse_if_could_be_pinned(req, view, labels, parent_doubt, &what)
                     .unwrap_or(PinVerdict::Allow(if labels.is_some() {
-                        "not-selected"
+                        PinReason::NotSelected
                     } else {
-                        "parent-unknown-not-pinned"
+                        PinReason::ParentUnknownNotPinned
                     })),
             }
         }
@@ -214,21 +422,21 @@ fn refuse_if_could_be_pinned(
     parent_doubt: Option<&str>,
     what: &str,
 ) -> Option<PinVerdict> {
-    if let (Some(d), Some(labels)) = (view.doubt, labels)
-        && let Some(w) = d.could_select.iter().find(|w| w.selector.matches(labels))
+    if let (Some(d), Some(labels)) = (&view.doubt, labels)
+        && let Some((selector, _)) = d.could_select().find(|(_, s)| s.matches(labels))
     {
         return Some(PinVerdict::Deny {
             reason: d.reason,
             message: format!(
-                "{}; Deployment {what} matches {}, so handoff cannot tell whether it must stay at 0 replicas and refuses the write until it can (retry in a moment)",
-                d.why, w.name
+                "{}; Deployment {what} matches {selector}, so handoff cannot tell whether it must stay at 0 replicas and refuses the write until it can (retry in a moment)",
+                d.why
             ),
         });
     }
-    let why = match (view.doubt, parent_doubt) {
-        (Some(d), _) => (d.reason, d.why.to_string()),
+    let why = match (&view.doubt, parent_doubt) {
+        (Some(d), _) => (d.reason, d.why.clone()),
         (None, Some(w)) => (
-            "state-unavailable",
+            PinReason::StateUnavailable,
             format!("handoff cannot read its labels now ({w})"),
         ),
         (None, None) => return None,
@@ -256,7 +464,7 @@ fn pin_deployment(
     if asked < 0 {
         // Mutation runs before validation: pinning would turn an invalid write into a
         // valid one. Leave it for the API server to reject.
-        return PinVerdict::Allow("invalid-replicas");
+        return PinVerdict::Allow(PinReason::InvalidReplicas);
     }
     let present = object
         .metadata
@@ -303,7 +511,7 @@ fn pin_deployment(
             window: w.name.clone(),
             ops,
             restore_to: SavedReplicas(1),
-            reason: "pinned-unreadable-count",
+            reason: PinReason::PinnedUnreadableCount,
         };
     };
     let saved_text = saved.to_string();
@@ -328,7 +536,7 @@ fn pin_deployment(
         window: w.name.clone(),
         ops,
         restore_to: saved,
-        reason: "pinned",
+        reason: PinReason::Pinned,
     }
 }
 
@@ -340,7 +548,7 @@ fn pin_scale(
 ) -> PinVerdict {
     let asked = object.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
     if asked < 0 {
-        return PinVerdict::Allow("invalid-replicas");
+        return PinVerdict::Allow(PinReason::InvalidReplicas);
     }
     let (restore_to, note) = match SavedReplicas::from_annotations(annotations) {
         Some(s) => (s, String::new()),
@@ -372,7 +580,7 @@ fn pin_scale(
         window: w.name.clone(),
         ops,
         restore_to,
-        reason: "pinned-scale",
+        reason: PinReason::PinnedScale,
     }
 }
 
@@ -614,7 +822,7 @@ mod tests {
                     assert!(ops.is_empty(), "{name}: second call patched {ops:?}");
                     assert_eq!(restore_to.0, *w, "{name}");
                 }
-                (PinVerdict::Allow(r), None) => assert_eq!(*r, "not-selected", "{name}"),
+                (PinVerdict::Allow(r), None) => assert_eq!(*r, PinReason::NotSelected, "{name}"),
                 _ => panic!("{name}: {v:?}"),
             }
         }
@@ -674,7 +882,7 @@ mod tests {
         };
         assert_eq!(
             decide(&req, &WindowView::known(&[]), &own()),
-            PinVerdict::Allow("no-open-window")
+            PinVerdict::Allow(PinReason::NoOpenWindow)
         );
         let mine = PinRequest {
             namespace: "handoff-system",
@@ -683,7 +891,7 @@ mod tests {
         };
         assert_eq!(
             decide(&mine, &WindowView::known(&windows()), &own()),
-            PinVerdict::Allow("own-deployment")
+            PinVerdict::Allow(PinReason::OwnDeployment)
         );
     }
 
@@ -725,41 +933,25 @@ mod tests {
                 target,
             };
             let by_lease = [listed(true, "capi-controller-manager")];
-            let view = WindowView {
-                open: &open,
-                pinned: &by_lease,
-                doubt: None,
-            };
+            let view = WindowView::new(&open, &[], &by_lease, None);
             assert_eq!(
                 decide(&req, &view, &own()),
-                PinVerdict::Allow("lease-stopped")
+                PinVerdict::Allow(PinReason::LeaseStopped)
             );
             // Listed as pinned by Scale, or another Deployment stopped by Lease: pinned.
             for pinned in [
                 [listed(false, "capi-controller-manager")],
                 [listed(true, "capi-controller-manager-extra")],
             ] {
-                let view = WindowView {
-                    open: &open,
-                    pinned: &pinned,
-                    doubt: None,
-                };
+                let view = WindowView::new(&open, &[], &pinned, None);
                 assert!(
                     matches!(decide(&req, &view, &own()), PinVerdict::Pin { .. }),
                     "{pinned:?}"
                 );
             }
             // In doubt the refusal stands: nothing is pinned, nothing unchecked starts.
-            let could = [windows().remove(0)];
-            let doubtful = WindowView {
-                open: &[],
-                pinned: &by_lease,
-                doubt: Some(Doubt {
-                    reason: "state-unavailable",
-                    why: "the MoveWindow watch has been failing for 45s",
-                    could_select: &could,
-                }),
-            };
+            let stale = Unseen::Stale("the MoveWindow watch has been failing for 45s".into());
+            let doubtful = WindowView::new(&open, &[], &by_lease, Some(stale));
             assert!(matches!(
                 decide(&req, &doubtful, &own()),
                 PinVerdict::Deny { .. }
@@ -870,8 +1062,10 @@ mod tests {
                         "{name}: {warning}"
                     );
                 }
-                (PinVerdict::Allow(a), Err(w)) => assert_eq!(*a, w, "{name}"),
-                (PinVerdict::Deny { reason, .. }, Err(w)) => assert_eq!(*reason, w, "{name}"),
+                (PinVerdict::Allow(a), Err(w)) => assert_eq!(a.as_str(), w, "{name}"),
+                (PinVerdict::Deny { reason, .. }, Err(w)) => {
+                    assert_eq!(reason.as_str(), w, "{name}")
+                }
                 _ => panic!("{name}: {v:?}"),
             }
         }
@@ -889,63 +1083,37 @@ mod tests {
             )
             .unwrap()
         };
-        let default = || OpenWindow {
-            name: "the Cluster API default selector".into(),
-            selector: Selector::from_label_selector(&default_deployment_selector()).unwrap(),
-        };
-        let last_known = OpenWindow {
-            name: "the last known selector of MoveWindow \"custom\"".into(),
+        // As the cache holds them: a window last seen open, and one open with a selector that
+        // does not parse.
+        let last_seen = [OpenWindow {
+            name: "custom".into(),
             selector: selector("app=special"),
-        };
+        }];
+        let invalid_windows = [
+            "MoveWindow \"broken\" is open but its spec.deploymentSelector is invalid".to_string(),
+        ];
         let listed = |window: &str, ns: &str, name: &str| PinnedRef {
             window: window.into(),
             namespace: ns.into(),
             name: name.into(),
             lease_stopped: false,
         };
-        let unread_sel = [default()];
-        let stale_sel = [default(), last_known];
         let open = windows();
-        let unread = WindowView {
-            open: &[],
-            pinned: &[],
-            doubt: Some(Doubt {
-                reason: "state-unavailable",
-                why: "handoff has not yet read the MoveWindows",
-                could_select: &unread_sel,
-            }),
-        };
+        let unread = WindowView::new(&[], &[], &[], Some(Unseen::NotListed));
         let stale_pinned = [listed("custom", "shop", "web")];
-        let stale = WindowView {
-            open: &[],
-            pinned: &stale_pinned,
-            doubt: Some(Doubt {
-                reason: "state-unavailable",
-                why: "the MoveWindow watch has been failing for 45s",
-                could_select: &stale_sel,
-            }),
-        };
+        let stale = WindowView::new(
+            &last_seen,
+            &[],
+            &stale_pinned,
+            Some(Unseen::Stale(
+                "the MoveWindow watch has been failing for 45s".into(),
+            )),
+        );
         let invalid_pinned = [listed("broken", "shop", "web")];
-        let invalid = WindowView {
-            open: &[],
-            pinned: &invalid_pinned,
-            doubt: Some(Doubt {
-                reason: "invalid-window",
-                why: "MoveWindow \"broken\" is open but its spec.deploymentSelector is invalid",
-                could_select: &unread_sel,
-            }),
-        };
+        let invalid = WindowView::new(&[], &invalid_windows, &invalid_pinned, None);
         let open_pinned = [listed("capi-move", "shop", "web")];
-        let trusted = WindowView {
-            open: &open,
-            pinned: &open_pinned,
-            doubt: None,
-        };
-        let trusted_and_invalid = WindowView {
-            open: &open,
-            pinned: &invalid_pinned,
-            doubt: invalid.doubt,
-        };
+        let trusted = WindowView::new(&open, &[], &open_pinned, None);
+        let trusted_and_invalid = WindowView::new(&open, &invalid_windows, &invalid_pinned, None);
         let scale = ObjectView {
             spec: Some(SpecView { replicas: Some(3) }),
             ..ObjectView::default()
@@ -1136,18 +1304,144 @@ mod tests {
             };
             let got = match decide(&req, view, &own()) {
                 PinVerdict::Pin { .. } => "pin".to_string(),
-                PinVerdict::Allow(r) => r.to_string(),
+                PinVerdict::Allow(r) => r.as_str().to_string(),
                 PinVerdict::Deny { reason, message } => {
                     assert!(
                         message.contains(&format!("{namespace}/{name}"))
                             && message.contains("retry"),
                         "{case}: {message}"
                     );
-                    format!("deny:{reason}")
+                    format!("deny:{}", reason.as_str())
                 }
             };
             assert_eq!(got, want, "{case}");
         }
+        // A refusal names the selector that could select the write, and why it is in doubt.
+        let says = |view: &WindowView<'_>, (namespace, name), object| match decide(
+            &PinRequest {
+                namespace,
+                name,
+                target: dep(object),
+            },
+            view,
+            &own(),
+        ) {
+            PinVerdict::Deny { message, .. } => message,
+            other => panic!("{other:?}"),
+        };
+        for (view, at, object, parts) in [
+            (
+                &unread,
+                ("capi-system", "capi"),
+                &w_capi,
+                [
+                    "handoff has not yet read the MoveWindows from the API server",
+                    "matches the Cluster API default selector",
+                ],
+            ),
+            (
+                &stale,
+                ("shop", "special"),
+                &w_special,
+                [
+                    "the MoveWindow watch has been failing for 45s",
+                    "matches the last known selector of MoveWindow \"custom\"",
+                ],
+            ),
+            (
+                &invalid,
+                ("shop", "web"),
+                &w_app,
+                [
+                    "MoveWindow \"broken\" lists Deployment shop/web as pinned",
+                    "spec.deploymentSelector is invalid",
+                ],
+            ),
+        ] {
+            let message = says(view, at, object);
+            for part in parts {
+                assert!(message.contains(part), "missing {part:?} in {message}");
+            }
+        }
+    }
+
+    fn review(json: serde_json::Value) -> AdmissionRequest {
+        let mut body =
+            serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"});
+        body["request"] = json;
+        crate::admission::decode_review(&serde_json::to_vec(&body).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn pin_requests_from_reviews() {
+        let deployments =
+            serde_json::json!({"group": "apps", "version": "v1", "resource": "deployments"});
+        let object = serde_json::json!({"metadata": {"name": "capi", "namespace": "capi-system"}, "spec": {"replicas": 3}});
+        // A Deployment write without `namespace` falls back to the object's metadata.
+        let r = review(
+            serde_json::json!({"uid": "u", "operation": "UPDATE", "name": "capi",
+            "resource": deployments, "userInfo": {"username": "u"}, "object": object}),
+        );
+        let pin = PinRequest::from_review(&r).unwrap();
+        assert_eq!((pin.namespace, pin.name), ("capi-system", "capi"));
+        assert!(matches!(pin.target, PinTarget::Deployment { .. }));
+        // A scale's parent is read only while a window is open or could be.
+        let r = review(
+            serde_json::json!({"uid": "u", "operation": "UPDATE", "name": "capi",
+            "namespace": "capi-system", "resource": deployments, "subResource": "scale",
+            "userInfo": {"username": "u"}, "object": {"spec": {"replicas": 3}}}),
+        );
+        let pin = PinRequest::from_review(&r).unwrap();
+        assert!(matches!(
+            pin.target,
+            PinTarget::Scale {
+                parent: ParentDeployment::NotRead,
+                ..
+            }
+        ));
+        let open = windows();
+        let in_doubt = WindowView::new(&[], &[], &[], Some(Unseen::NotListed));
+        assert_eq!(pin.parent_to_read(&WindowView::known(&[])), None);
+        for view in [WindowView::known(&open), in_doubt] {
+            assert_eq!(pin.parent_to_read(&view), Some(("capi-system", "capi")));
+        }
+        // Not a write the pin reads: a CREATE of a scale, another resource, a DELETE.
+        for (operation, resource, sub) in [
+            ("CREATE", deployments.clone(), "scale"),
+            ("UPDATE", deployments.clone(), "status"),
+            (
+                "UPDATE",
+                serde_json::json!({"group": "apps", "version": "v1", "resource": "statefulsets"}),
+                "",
+            ),
+            ("DELETE", deployments.clone(), ""),
+        ] {
+            let r = review(
+                serde_json::json!({"uid": "u", "operation": operation, "name": "capi",
+                "resource": resource, "subResource": sub, "userInfo": {"username": "u"},
+                "object": object}),
+            );
+            assert!(PinRequest::from_review(&r).is_none(), "{operation} {sub}");
+        }
+        // Without its object, a write is refused only while a window is open or could be.
+        let r = review(
+            serde_json::json!({"uid": "u", "operation": "UPDATE", "name": "capi",
+            "namespace": "capi-system", "resource": deployments, "subResource": "scale",
+            "userInfo": {"username": "u"}}),
+        );
+        let pin = PinRequest::from_review(&r).unwrap();
+        assert_eq!(pin.parent_to_read(&WindowView::known(&open)), None);
+        assert_eq!(
+            decide(&pin, &WindowView::known(&[]), &own()),
+            PinVerdict::Allow(PinReason::NoOpenWindow)
+        );
+        assert_eq!(
+            decide(&pin, &WindowView::known(&open), &own()),
+            PinVerdict::Deny {
+                reason: PinReason::NoObject,
+                message: "UPDATE of deployments.apps/scale carries no object to pin".into(),
+            }
+        );
     }
 
     #[test]
@@ -1163,7 +1457,7 @@ mod tests {
         };
         assert_eq!(
             decide(&req, &WindowView::known(&windows()), &own()),
-            PinVerdict::Allow("invalid-replicas")
+            PinVerdict::Allow(PinReason::InvalidReplicas)
         );
         let labels = capi_labels();
         let scale = ObjectView {
@@ -1183,7 +1477,7 @@ mod tests {
         };
         assert_eq!(
             decide(&req, &WindowView::known(&windows()), &own()),
-            PinVerdict::Allow("invalid-replicas")
+            PinVerdict::Allow(PinReason::InvalidReplicas)
         );
     }
 

@@ -75,52 +75,74 @@ impl Rollout {
     }
 }
 
-/// What the rule decided, before the rollout shapes it.
+/// What logs and metrics count and the `decision` audit annotation says: a rule's verdict as
+/// the rollout delivered it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RuleOutcome {
+pub enum Verdict {
     Allow,
     Deny,
-    /// A patch (the pin).
+    /// A patch: the pin.
     Patch,
+    /// A denial passed under `warn` or `audit`.
+    WouldDeny,
+    /// A pin passed unchanged under `warn` or `audit`.
+    WouldPin,
+    /// A denial or a pin passed under an exemption.
+    Exempt,
+}
+
+impl Verdict {
+    /// The label value of logs and metrics (`manifests/monitoring` reads them).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Deny => "deny",
+            Verdict::Patch => "patch",
+            Verdict::WouldDeny => "would-deny",
+            Verdict::WouldPin => "would-pin",
+            Verdict::Exempt => "exempt",
+        }
+    }
 }
 
 /// What the API server gets.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Delivery {
     /// As the rule decided: allow, deny or patch.
     AsDecided,
-    /// Passes unchanged; `warning` is the would-be denial or pin, for kubectl to print.
-    Warn { verdict: &'static str },
+    /// Passes unchanged; the would-be denial or pin becomes a warning for kubectl to print.
+    Warn,
     /// Passes unchanged, silently.
-    Audit { verdict: &'static str },
+    Audit,
     /// Passes unchanged under an exemption, with a warning that says so.
     Exempt,
 }
 
 impl Delivery {
-    /// The `verdict` of logs and metrics, and the `decision` audit annotation.
-    pub fn verdict(&self, decided: &'static str) -> &'static str {
-        match self {
-            Delivery::AsDecided => decided,
-            Delivery::Warn { verdict } | Delivery::Audit { verdict } => verdict,
-            Delivery::Exempt => "exempt",
+    /// The verdict a rule's `decided` verdict becomes.
+    pub fn verdict(self, decided: Verdict) -> Verdict {
+        match (self, decided) {
+            (Delivery::AsDecided, v) => v,
+            (Delivery::Warn | Delivery::Audit, Verdict::Deny) => Verdict::WouldDeny,
+            (Delivery::Warn | Delivery::Audit, Verdict::Patch) => Verdict::WouldPin,
+            (Delivery::Warn | Delivery::Audit, v) => v,
+            (Delivery::Exempt, _) => Verdict::Exempt,
         }
     }
 }
 
-/// How a rule's outcome is delivered under `mode`, for a requester `exempt` or not. An allow is
-/// always delivered as decided: there is nothing to soften or to exempt from.
-pub fn deliver(outcome: RuleOutcome, mode: Mode, exempt: bool) -> Delivery {
-    let would = match outcome {
-        RuleOutcome::Allow => return Delivery::AsDecided,
-        RuleOutcome::Deny => "would-deny",
-        RuleOutcome::Patch => "would-pin",
-    };
+/// How a rule's verdict is delivered under `mode`, for a requester `exempt` or not. Only a
+/// denial or a pin is softened or exempted: an allow has nothing to soften, and a verdict
+/// already delivered is delivered as it is.
+pub fn deliver(decided: Verdict, mode: Mode, exempt: bool) -> Delivery {
+    if !matches!(decided, Verdict::Deny | Verdict::Patch) {
+        return Delivery::AsDecided;
+    }
     match (exempt, mode) {
         (true, _) => Delivery::Exempt,
         (false, Mode::Enforce) => Delivery::AsDecided,
-        (false, Mode::Warn) => Delivery::Warn { verdict: would },
-        (false, Mode::Audit) => Delivery::Audit { verdict: would },
+        (false, Mode::Warn) => Delivery::Warn,
+        (false, Mode::Audit) => Delivery::Audit,
     }
 }
 
@@ -130,89 +152,125 @@ mod tests {
 
     #[test]
     fn delivery_table() {
-        use Delivery::*;
-        use RuleOutcome::*;
-        // (case, outcome, mode, exempt, delivery)
+        use Verdict::{Allow, Deny, Patch, WouldDeny, WouldPin};
+        // (case, decided, mode, exempt, delivery, verdict delivered)
         let rows = [
             (
                 "an allow is an allow in every mode",
                 Allow,
                 Mode::Warn,
                 false,
-                AsDecided,
+                Delivery::AsDecided,
+                Allow,
             ),
             (
                 "an allow needs no exemption",
                 Allow,
                 Mode::Enforce,
                 true,
-                AsDecided,
+                Delivery::AsDecided,
+                Allow,
             ),
-            ("enforce denies", Deny, Mode::Enforce, false, AsDecided),
-            ("enforce pins", Patch, Mode::Enforce, false, AsDecided),
+            (
+                "enforce denies",
+                Deny,
+                Mode::Enforce,
+                false,
+                Delivery::AsDecided,
+                Deny,
+            ),
+            (
+                "enforce pins",
+                Patch,
+                Mode::Enforce,
+                false,
+                Delivery::AsDecided,
+                Patch,
+            ),
             (
                 "warn turns a denial into a warning",
                 Deny,
                 Mode::Warn,
                 false,
-                Warn {
-                    verdict: "would-deny",
-                },
+                Delivery::Warn,
+                WouldDeny,
             ),
             (
                 "warn turns a pin into a warning",
                 Patch,
                 Mode::Warn,
                 false,
-                Warn {
-                    verdict: "would-pin",
-                },
+                Delivery::Warn,
+                WouldPin,
             ),
             (
                 "audit passes a denial silently",
                 Deny,
                 Mode::Audit,
                 false,
-                Audit {
-                    verdict: "would-deny",
-                },
+                Delivery::Audit,
+                WouldDeny,
             ),
             (
                 "audit passes a pin silently",
                 Patch,
                 Mode::Audit,
                 false,
-                Audit {
-                    verdict: "would-pin",
-                },
+                Delivery::Audit,
+                WouldPin,
             ),
             (
                 "an exemption passes a denial under enforce",
                 Deny,
                 Mode::Enforce,
                 true,
-                Exempt,
+                Delivery::Exempt,
+                Verdict::Exempt,
             ),
             (
                 "an exemption passes a pin under enforce",
                 Patch,
                 Mode::Enforce,
                 true,
-                Exempt,
+                Delivery::Exempt,
+                Verdict::Exempt,
             ),
             (
                 "an exemption is still seen under audit",
                 Deny,
                 Mode::Audit,
                 true,
-                Exempt,
+                Delivery::Exempt,
+                Verdict::Exempt,
+            ),
+            (
+                "a verdict already delivered stays as it is",
+                WouldDeny,
+                Mode::Enforce,
+                true,
+                Delivery::AsDecided,
+                WouldDeny,
             ),
         ];
-        for (case, outcome, mode, exempt, want) in rows {
-            assert_eq!(deliver(outcome, mode, exempt), want, "{case}");
+        for (case, decided, mode, exempt, want, verdict) in rows {
+            let got = deliver(decided, mode, exempt);
+            assert_eq!(got, want, "{case}");
+            assert_eq!(got.verdict(decided), verdict, "{case}");
         }
-        assert_eq!(Exempt.verdict("deny"), "exempt");
-        assert_eq!(AsDecided.verdict("patch"), "patch");
+        // The label values logs, metrics and the monitoring rules read.
+        let labels =
+            [Allow, Deny, Patch, WouldDeny, WouldPin, Verdict::Exempt].map(Verdict::as_str);
+        assert_eq!(
+            labels,
+            [
+                "allow",
+                "deny",
+                "patch",
+                "would-deny",
+                "would-pin",
+                "exempt"
+            ]
+        );
     }
 
     #[test]

@@ -247,27 +247,37 @@ impl AllowReason {
     }
 }
 
+/// Whether the namespace view can be shown to be current (DESIGN §1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freshness {
+    /// Read just now, proven by the watch within `--max-staleness`, or state from files.
+    Proven,
+    /// Nothing has proven the cached view for longer than `--max-staleness`: a quiet cluster,
+    /// or a watch connection that died without a word.
+    Unproven,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum GuardVerdict {
     Allow(AllowReason),
-    Deny { rule: Rule, message: String },
+    Deny {
+        rule: Rule,
+        message: String,
+    },
+    /// It would allow a sync target's delete on an unproven view: read the namespace now and
+    /// decide on that. Never the verdict on a proven view, nor for anyone else.
+    ReadAgain,
 }
 
-impl Verdict {
+impl GuardVerdict {
     pub fn is_allowed(&self) -> bool {
-        matches!(self, Verdict::Allow(_))
-    }
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Verdict::Allow(r) => r.as_str(),
-            Verdict::Deny { rule, .. } => rule.as_str(),
-        }
+        matches!(self, GuardVerdict::Allow(_))
     }
 }
 
-/// Decide a DELETE on the physical namespace alone (no kcp).
-pub fn decide(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identities) -> Verdict {
-    decide_with_kcp(req, ns, KcpState::NotRead, ids)
+/// Decide a DELETE on the physical namespace alone (no kcp), on a proven view.
+pub fn decide(req: &DeleteRequest<'_>, ns: NamespaceState<'_>, ids: &Identities) -> GuardVerdict {
+    decide_with_kcp(req, ns, KcpState::NotRead, Freshness::Proven, ids)
 }
 
 /// Decide a DELETE: the namespace's holds are those on the physical namespace and those on the
@@ -276,14 +286,20 @@ pub fn decide_with_kcp(
     req: &DeleteRequest<'_>,
     ns: NamespaceState<'_>,
     kcp: KcpState<'_>,
+    fresh: Freshness,
     ids: &Identities,
-) -> Verdict {
+) -> GuardVerdict {
     match decide_inner(req, ns, kcp, ids) {
-        Verdict::Deny { rule, message } => Verdict::Deny {
+        GuardVerdict::Deny { rule, message } => GuardVerdict::Deny {
             rule,
             message: super::one_line(message),
         },
-        allow => allow,
+        GuardVerdict::Allow(_)
+            if fresh == Freshness::Unproven && req.namespace_to_read(ids).is_some() =>
+        {
+            GuardVerdict::ReadAgain
+        }
+        verdict => verdict,
     }
 }
 
@@ -311,15 +327,15 @@ fn decide_inner(
     ns: NamespaceState<'_>,
     kcp: KcpState<'_>,
     ids: &Identities,
-) -> Verdict {
+) -> GuardVerdict {
     if !ids.is_candidate(req.username) {
-        return Verdict::Allow(AllowReason::NotSyncTarget);
+        return GuardVerdict::Allow(AllowReason::NotSyncTarget);
     }
     let meta = match ns {
         NamespaceState::Known(m) => Some(m),
         NamespaceState::Plain => None,
         NamespaceState::Unavailable(why) => {
-            return Verdict::Deny {
+            return GuardVerdict::Deny {
                 rule: Rule::StateUnavailable,
                 message: format!(
                     "handoff cannot read namespace \"{}\" to check its sync finalizers ({why}); \
@@ -358,7 +374,7 @@ fn decide_inner(
     )
     .collect();
     let kcp_unavailable = match kcp {
-        KcpState::Unavailable { at, why } => Some(Verdict::Deny {
+        KcpState::Unavailable { at, why } => Some(GuardVerdict::Deny {
             rule: Rule::KcpUnavailable,
             message: format!(
                 "handoff cannot read {} to check its sync finalizers ({why}); the delete of {} \
@@ -376,7 +392,7 @@ fn decide_inner(
     };
 
     let target = match ids.resolve_located(req.username, meta.and_then(|m| m.located.as_deref())) {
-        Requester::NotSyncTarget => return Verdict::Allow(AllowReason::NotSyncTarget),
+        Requester::NotSyncTarget => return GuardVerdict::Allow(AllowReason::NotSyncTarget),
         Requester::SyncTarget(t) => t,
         Requester::UnresolvedSyncer { reason } => {
             let any = ns_holds
@@ -384,8 +400,8 @@ fn decide_inner(
                 .map(|h| (h.f, holder(req, Some(h))))
                 .or(object_holds.first().map(|f| (f, holder(req, None))));
             return match any {
-                None => kcp_unavailable.unwrap_or(Verdict::Allow(AllowReason::NoHold)),
-                Some((f, holder)) => Verdict::Deny {
+                None => kcp_unavailable.unwrap_or(GuardVerdict::Allow(AllowReason::NoHold)),
+                Some((f, holder)) => GuardVerdict::Deny {
                     rule: Rule::UnresolvedSyncer,
                     message: format!(
                         "{} looks like a kcp syncer but handoff cannot tell which sync target it \
@@ -420,7 +436,7 @@ fn decide_inner(
             (h, None) => h.copied(),
         };
         if let Some(h) = hold {
-            return Verdict::Deny {
+            return GuardVerdict::Deny {
                 rule: Rule::NamespaceItself,
                 message: namespace_message(
                     req,
@@ -431,7 +447,7 @@ fn decide_inner(
                 ),
             };
         }
-        return kcp_unavailable.unwrap_or(Verdict::Allow(AllowReason::NoHold));
+        return kcp_unavailable.unwrap_or(GuardVerdict::Allow(AllowReason::NoHold));
     }
     if let Some(&h) = ns_hold {
         let rule = if req.name.is_none() {
@@ -439,7 +455,7 @@ fn decide_inner(
         } else {
             Rule::NamespaceHold
         };
-        return Verdict::Deny {
+        return GuardVerdict::Deny {
             rule,
             message: namespace_message(
                 req,
@@ -451,7 +467,7 @@ fn decide_inner(
         };
     }
     if let Some(f) = obj_hold {
-        return Verdict::Deny {
+        return GuardVerdict::Deny {
             rule: Rule::ObjectHold,
             message: format!(
                 "{} carries the soft finalizer {}=\"{}\" for {}, so that sync target may not delete \
@@ -464,7 +480,7 @@ fn decide_inner(
             ),
         };
     }
-    kcp_unavailable.unwrap_or(Verdict::Allow(AllowReason::NoHold))
+    kcp_unavailable.unwrap_or(GuardVerdict::Allow(AllowReason::NoHold))
 }
 
 /// What carries the hold `h` (a namespace's), or the object itself when `None`.
@@ -781,9 +797,19 @@ mod tests {
             };
             let got = decide(&req, state, &ids);
             match (&got, &r.want) {
-                (Verdict::Allow(a), Ok(w)) => assert_eq!(a, w, "{}", r.name),
-                (Verdict::Deny { rule, .. }, Err(w)) => assert_eq!(rule, w, "{}", r.name),
+                (GuardVerdict::Allow(a), Ok(w)) => assert_eq!(a, w, "{}", r.name),
+                (GuardVerdict::Deny { rule, .. }, Err(w)) => assert_eq!(rule, w, "{}", r.name),
                 _ => panic!("{}: got {got:?}, want {:?}", r.name, r.want),
+            }
+            // On a view nothing has proven lately (DESIGN §1.3), a sync target's delete is
+            // never allowed, only read again; denials stand, and everyone else passes as before.
+            let unproven =
+                decide_with_kcp(&req, state, KcpState::NotRead, Freshness::Unproven, &ids);
+            match (&unproven, ids.is_candidate(r.user)) {
+                (GuardVerdict::ReadAgain, true) => assert!(got.is_allowed(), "{}", r.name),
+                (GuardVerdict::ReadAgain, false) => panic!("{}: {} read again", r.name, r.user),
+                (v, true) => assert!(!v.is_allowed() && *v == got, "{}: {v:?}", r.name),
+                (v, false) => assert_eq!(*v, got, "{}", r.name),
             }
         }
     }
@@ -811,7 +837,7 @@ mod tests {
             dry_run: false,
         };
         match decide(&req, NamespaceState::Known(&meta), &ids) {
-            Verdict::Deny { message, .. } => message,
+            GuardVerdict::Deny { message, .. } => message,
             other => panic!("expected a denial, got {other:?}"),
         }
     }
@@ -1127,10 +1153,16 @@ mod tests {
                 object_annotations: Some(&ann),
                 dry_run: false,
             };
-            let got = decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids);
+            let got = decide_with_kcp(
+                &req,
+                NamespaceState::Known(&meta),
+                kcp,
+                Freshness::Proven,
+                &ids,
+            );
             match (&got, &want) {
-                (Verdict::Allow(a), Ok(w)) => assert_eq!(a, w, "{name}"),
-                (Verdict::Deny { rule, message }, Err(w)) => {
+                (GuardVerdict::Allow(a), Ok(w)) => assert_eq!(a, w, "{name}"),
+                (GuardVerdict::Deny { rule, message }, Err(w)) => {
                     assert_eq!(rule, w, "{name}");
                     assert!(message.contains(says), "{name}: {message}");
                 }
@@ -1170,9 +1202,13 @@ mod tests {
             holds: &holds,
             server: "https://kcp.example:6443/",
         };
-        let Verdict::Deny { message, .. } =
-            decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids)
-        else {
+        let GuardVerdict::Deny { message, .. } = decide_with_kcp(
+            &req,
+            NamespaceState::Known(&meta),
+            kcp,
+            Freshness::Proven,
+            &ids,
+        ) else {
             panic!("not denied")
         };
         for part in [
@@ -1214,8 +1250,14 @@ mod tests {
             object_annotations: None,
             dry_run: false,
         };
-        match decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids) {
-            Verdict::Deny { rule, message } => {
+        match decide_with_kcp(
+            &req,
+            NamespaceState::Known(&meta),
+            kcp,
+            Freshness::Proven,
+            &ids,
+        ) {
+            GuardVerdict::Deny { rule, message } => {
                 assert_eq!(rule, Rule::KcpUnavailable);
                 assert!(
                     message.contains("the kcp namespace this namespace's locator names")
@@ -1227,8 +1269,14 @@ mod tests {
         }
         req.username = "admin";
         assert_eq!(
-            decide_with_kcp(&req, NamespaceState::Known(&meta), kcp, &ids),
-            Verdict::Allow(AllowReason::NotSyncTarget)
+            decide_with_kcp(
+                &req,
+                NamespaceState::Known(&meta),
+                kcp,
+                Freshness::Proven,
+                &ids
+            ),
+            GuardVerdict::Allow(AllowReason::NotSyncTarget)
         );
     }
 }

@@ -29,8 +29,9 @@ use tokio::sync::Semaphore;
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::admission;
+use crate::policy::rollout::Verdict;
 use crate::state::State;
-use crate::webhook::{self, Decision, Webhook};
+use crate::webhook::{self, Decision, Reason, Webhook};
 use metrics::{Metrics, RequestLabels, WebhookLabels};
 
 /// Limits of the request path.
@@ -524,23 +525,23 @@ async fn admit_inner(
             &req,
             Decision::deny(
                 &req,
-                "deadline",
+                Reason::Deadline,
                 format!(
                     "handoff could not decide within {budget:?} (the API server's timeout less a margin); refused so that nothing is deleted or started unchecked"
                 ),
             ),
         ),
     };
-    if matches!(decision.verdict, "deny" | "would-deny") {
+    if matches!(decision.verdict, Verdict::Deny | Verdict::WouldDeny) {
         app.metrics
             .denials
             .get_or_create(&crate::server::metrics::DenialLabels {
                 webhook: webhook.as_str(),
-                reason: decision.reason,
+                reason: decision.reason.as_str(),
             })
             .inc();
     }
-    if decision.verdict == "exempt" {
+    if decision.verdict == Verdict::Exempt {
         app.metrics
             .exempt
             .get_or_create(&WebhookLabels {
@@ -556,7 +557,7 @@ async fn admit_inner(
         body,
     )
         .into_response();
-    (resp, op, decision.verdict)
+    (resp, op, decision.verdict.as_str())
 }
 
 /// One event per decision: denials, pins and errors at `info`, allows at `debug`. Every value
@@ -583,15 +584,15 @@ fn log_decision(
                 namespace = &*esc(req.namespace.as_deref().unwrap_or("")),
                 name = &*esc(req.object_name().unwrap_or("")),
                 dry_run = req.is_dry_run(),
-                verdict = d.verdict,
-                reason = d.reason,
+                verdict = d.verdict.as_str(),
+                reason = d.reason.as_str(),
                 detail = &*esc(&d.detail),
                 latency_us = latency.as_micros() as u64,
                 "decision"
             )
         };
     }
-    if d.verdict == "allow" {
+    if d.verdict == Verdict::Allow {
         event!(tracing::Level::DEBUG);
     } else {
         event!(tracing::Level::INFO);

@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 
 use crate::policy::identity::Identities;
-use crate::policy::move_window::OwnDeployment;
-use crate::policy::sync_finalizer::NamespaceMeta;
+use crate::policy::move_window::{OwnDeployment, ParentDeployment, Unseen};
+use crate::policy::sync_finalizer::{KcpState, NamespaceMeta, NamespaceState};
 use crate::resources::move_window::MoveWindow;
 use namespaces::{CacheEntry, NamespaceCache};
 use windows::{DeploymentCache, DeploymentMeta, WindowCache};
@@ -54,6 +54,50 @@ pub enum DeploymentLookup {
     Known(Arc<DeploymentMeta>),
     Missing,
     Unavailable(String),
+}
+
+impl NamespaceLookup {
+    /// As the guard reads it.
+    pub fn state(&self) -> NamespaceState<'_> {
+        match self {
+            NamespaceLookup::Relevant(m) => NamespaceState::Known(m),
+            NamespaceLookup::Plain => NamespaceState::Plain,
+            NamespaceLookup::Unavailable(why) => NamespaceState::Unavailable(why),
+        }
+    }
+}
+
+impl KcpRead {
+    /// As the guard reads it; `server` is kcp's base URL, for the message that lifts a hold.
+    pub fn state<'a>(&'a self, server: &'a str) -> KcpState<'a> {
+        match self {
+            KcpRead::NotRead => KcpState::NotRead,
+            KcpRead::Known { at, view } => KcpState::Known {
+                at,
+                holds: &view.holds,
+                server,
+            },
+            KcpRead::Unavailable { at, why } => KcpState::Unavailable {
+                at: at.as_ref(),
+                why,
+            },
+        }
+    }
+}
+
+impl DeploymentLookup {
+    /// As the pin reads it; `stale` says why the Deployment cache may be out of date.
+    pub fn parent<'a>(&'a self, stale: Option<&'a str>) -> ParentDeployment<'a> {
+        match self {
+            DeploymentLookup::Known(d) => ParentDeployment::Known {
+                labels: d.labels.as_ref(),
+                annotations: d.annotations.as_ref(),
+                stale,
+            },
+            DeploymentLookup::Missing => ParentDeployment::Missing,
+            DeploymentLookup::Unavailable(why) => ParentDeployment::Unavailable(why),
+        }
+    }
 }
 
 /// Whether a watch is keeping its cache current. A watch that keeps failing (RBAC changed, the
@@ -211,6 +255,17 @@ impl State {
                     .deployments
                     .stale("Deployment", self.stale_after)
             })
+    }
+
+    /// Why the pin cannot see every MoveWindow now, if it cannot.
+    pub fn windows_unseen(&self) -> Option<Unseen> {
+        if !self.windows.is_synced() {
+            return Some(Unseen::NotListed);
+        }
+        self.health
+            .windows
+            .stale("MoveWindow", self.stale_after)
+            .map(Unseen::Stale)
     }
 
     /// State from a folder of YAML manifests. Kinds it does not read are an error, so that a
@@ -375,12 +430,13 @@ impl State {
         }
     }
 
-    /// The Deployment behind a scale request: from the cache, or asked of the API once.
+    /// The Deployment behind a scale request: from the cache, or asked of the API once, giving
+    /// up as "unavailable" 50 ms before `deadline` to leave time to answer.
     pub async fn deployment(
         &self,
         namespace: &str,
         name: &str,
-        budget: Duration,
+        deadline: Option<tokio::time::Instant>,
     ) -> DeploymentLookup {
         if let Some(d) = self.deployments.get(namespace, name) {
             return DeploymentLookup::Known(d);
@@ -388,6 +444,11 @@ impl State {
         let Some(client) = self.client.clone() else {
             return DeploymentLookup::Missing;
         };
+        let budget = deadline.map_or(self.api_timeout, |d| {
+            d.saturating_duration_since(tokio::time::Instant::now())
+                .saturating_sub(Duration::from_millis(50))
+                .min(self.api_timeout)
+        });
         let api = kube::Api::<PartialObjectMeta<Deployment>>::namespaced(client, namespace);
         match tokio::time::timeout(budget, api.get_opt(name)).await {
             Err(_) => DeploymentLookup::Unavailable(format!(
