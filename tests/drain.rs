@@ -282,6 +282,7 @@ async fn the_drain_moves_clients_off_before_the_listener_closes() {
         r.status, 200,
         "an HTTP/2 client that connects during the drain is answered"
     );
+    assert_eq!(r.connection, None, "no Connection header on HTTP/2");
     assert_eq!(
         late2.get("/healthz").await.status,
         200,

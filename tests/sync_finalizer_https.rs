@@ -237,11 +237,7 @@ async fn health_and_readiness() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(ready, "readyz never turned 200");
-    server
-        .app
-        .health
-        .draining
-        .store(true, std::sync::atomic::Ordering::Release);
+    server.app.health.start_drain();
     let r = client.get("/readyz").await;
     assert_eq!(r.status, 503);
     assert!(r.text().contains("draining"), "{}", r.text());

@@ -62,7 +62,8 @@ pub struct Health {
     /// The TLS listener accepted a connection from the server itself.
     pub listener_answers: AtomicBool,
     /// SIGTERM received: readiness fails so the endpoint is removed before connections stop.
-    pub draining: AtomicBool,
+    /// Set only by `start_drain`, which also tells the connections.
+    draining: AtomicBool,
     /// The same fact for connections to wait on (`start_drain`).
     drain: tokio::sync::watch::Sender<bool>,
 }
@@ -83,11 +84,17 @@ impl Health {
     /// every HTTP/1.1 answer from now on says `Connection: close`. The API server calls
     /// admission webhooks over HTTP/1.1 with a pool of keep-alive connections (kubernetes
     /// PR #82090), and a POST it writes onto a pooled connection just as the server closes it
-    /// fails with `EOF` and is not retried: a connection the client was told to close is never
-    /// reused, so by the time the listener closes no client is about to write on one of ours.
+    /// fails with `EOF` and is not retried. A connection the client was told to close is never
+    /// reused; what remains at the listener's close is an HTTP/1.1 connection that carried no
+    /// request for the whole drain delay, closed idle: the same race, made rare, since nothing
+    /// on the server's side can tell an idle HTTP/1.1 client to stop.
     pub fn start_drain(&self) {
         self.draining.store(true, Ordering::Release);
         self.drain.send_replace(true);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 
     /// Resolves once `start_drain` has been called (at once if it already was).
@@ -133,7 +140,7 @@ impl App {
     /// Ready once the caches are synced, a certificate is loaded (it is, or start-up failed),
     /// the listener answers, and no drain has begun.
     pub fn readiness(&self) -> Result<(), String> {
-        if self.health.draining.load(Ordering::Acquire) {
+        if self.health.is_draining() {
             return Err("draining: shutting down".into());
         }
         self.state.readiness()?;
@@ -698,9 +705,10 @@ async fn serve_connection(
     } else {
         builder.http1_only()
     };
-    // A connection made during the drain is told when the listener closes: hyper drops an
-    // HTTP/2 connection told to go before its handshake, and its client would only come back.
-    let early_goaway = h2 && !health.draining.load(Ordering::Acquire);
+    // A connection made during the drain is told when the listener closes: told at once, its
+    // first request would be refused (a GOAWAY before any stream was processed), and its
+    // client would only come back here until the endpoint is gone everywhere.
+    let early_goaway = h2 && !health.is_draining();
     let drain_started = health.drain_started();
     let svc = TowerToHyperService::new(close_when_draining(service, health, h2));
     let conn = builder.serve_connection(TokioIo::new(tls), svc);
@@ -736,7 +744,7 @@ fn close_when_draining(
 ) -> tower::util::MapResponse<Router, impl FnOnce(Response) -> Response + Clone> {
     type Incoming = http::Request<hyper::body::Incoming>;
     <Router as tower::ServiceExt<Incoming>>::map_response(service, move |mut r: Response| {
-        if !h2 && health.draining.load(Ordering::Acquire) {
+        if !h2 && health.is_draining() {
             r.headers_mut()
                 .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
         }

@@ -26,7 +26,9 @@
 //! - termination: the Pod is deleted (deletionTimestamp set), it leaves the endpoints at once,
 //!   SIGTERM, SIGKILL after `terminationGracePeriodSeconds`, then the Pod object is removed.
 //!
-//! What differs, stated: the container's root filesystem is the machine's (overlaid where a
+//! What differs, stated: a container that exits is out of the endpoints at once (a kubelet
+//! notices within about a second and the EndpointSlice follows, so in a cluster a crash also
+//! refuses new connections for that long); the container's root filesystem is the machine's (overlaid where a
 //! volume needs a mount point, so nothing is written outside the test's folder), and the image
 //! is the `handoff` binary cargo built; ReplicaSets are not made (Pods carry the
 //! `pod-template-hash` label directly) and the Deployment's status is not written; a Secret
@@ -262,13 +264,15 @@ impl Kubelet {
             if old.is_empty() && ready_new >= replicas {
                 break;
             }
-            // Scale down first where it keeps enough ready (old unready ones go first).
-            if !old.is_empty() && ready_all > replicas.saturating_sub(unavailable) {
-                let victim = old
-                    .iter()
-                    .find(|p| !p.ready)
-                    .or_else(|| old.first())
-                    .expect("an old pod");
+            // An unready old pod goes at once (it counts for no availability), a ready one only
+            // where enough stay ready, as the Deployment controller scales the old ReplicaSet.
+            if let Some(victim) = old.iter().find(|p| !p.ready) {
+                self.terminate(&victim.name);
+                continue;
+            }
+            if let Some(victim) = old.first()
+                && ready_all > replicas.saturating_sub(unavailable)
+            {
                 self.terminate(&victim.name);
                 continue;
             }
@@ -285,27 +289,27 @@ impl Kubelet {
     /// Delete the pod as the API server and kubelet do: out of the endpoints at once, SIGTERM,
     /// SIGKILL after the grace period; the Pod object goes when the process has exited.
     pub fn terminate(&self, pod: &str) {
-        let (pid, namespace, grace) = {
+        // The grace period first: it takes a kubectl call, and the lock blocks every resolver.
+        let record = self.inner.pod(pod).expect("no such pod");
+        let grace = self.inner.grace(&record);
+        let pid = {
             let mut pods = self.inner.pods.lock().unwrap();
             let p = pods
                 .iter_mut()
                 .find(|p| p.name == pod)
                 .expect("no such pod");
             p.terminating = true;
-            (p.pid, p.namespace.clone(), self.inner.grace(p))
+            p.pid
         };
         self.inner.event(format!("{pod} terminating"));
         let inner = self.inner.clone();
-        let (pod, ns) = (pod.to_string(), namespace);
+        let (name, ns) = (pod.to_string(), record.namespace.clone());
         std::thread::spawn(move || {
-            let _ = inner.kubectl(&["delete", "pod", "-n", &ns, &pod, "--wait=false"]);
+            let _ = inner.kubectl(&["delete", "pod", "-n", &ns, &name, "--wait=false"]);
         });
+        // No pid yet: the supervisor sees `terminating` once it has one, and signals it then.
         if let Some(pid) = pid {
-            signal(pid, libc::SIGTERM);
-            std::thread::spawn(move || {
-                std::thread::sleep(grace);
-                signal(pid, libc::SIGKILL);
-            });
+            self.inner.clone().stop_container(pod, pid, grace);
         }
     }
 
@@ -558,6 +562,11 @@ impl Inner {
             let mut child = self.start_container(pod, &namespace, &uid, ip, spec);
             let pid = child.id() as i32;
             self.update(pod, |p| p.pid = Some(pid));
+            // Terminated while it was starting: `terminate` had no pid to signal.
+            if let Some(p) = self.pod(pod).filter(|p| p.terminating) {
+                let grace = self.grace(&p);
+                self.clone().stop_container(pod, pid, grace);
+            }
             let stop = Arc::new(AtomicBool::new(false));
             let prober = {
                 let (inner, pod, stop, c) = (
@@ -597,6 +606,25 @@ impl Inner {
         ]);
         self.pods.lock().unwrap().retain(|p| p.name != pod);
         self.event(format!("{pod} removed"));
+    }
+
+    /// SIGTERM, then SIGKILL after `grace` unless the container has exited by then (its pid is
+    /// cleared when it does, so a pid reused meanwhile is never signalled).
+    fn stop_container(self: Arc<Self>, pod: &str, pid: i32, grace: Duration) {
+        signal(pid, libc::SIGTERM);
+        let pod = pod.to_string();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline {
+                if self.pod(&pod).and_then(|p| p.pid) != Some(pid) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if self.pod(&pod).and_then(|p| p.pid) == Some(pid) {
+                signal(pid, libc::SIGKILL);
+            }
+        });
     }
 
     fn pod(&self, name: &str) -> Option<Pod> {
@@ -758,6 +786,9 @@ impl Inner {
              while ! ip link show eth0 >/dev/null 2>&1; do sleep 0.01; done\n\
              ip link set lo up\n",
         );
+        // The overlays' upper and work folders on a tmpfs of the pod's own: an overlay cannot
+        // take them from a filesystem that is itself an overlay (a container's /tmp).
+        script.push_str(&format!("mount -t tmpfs tmpfs {}\n", run_dir.display()));
         script.push_str(&format!(
             "ip addr add {ip}/32 dev eth0\nip link set eth0 up\nip route add default dev eth0\n"
         ));
@@ -771,8 +802,11 @@ impl Inner {
                     run_dir.join(format!("upper{n}")),
                     run_dir.join(format!("work{n}")),
                 );
-                std::fs::create_dir_all(&upper).unwrap();
-                std::fs::create_dir_all(&work).unwrap();
+                script.push_str(&format!(
+                    "mkdir -p {} {}\n",
+                    upper.display(),
+                    work.display()
+                ));
                 script.push_str(&format!(
                     "mount -t overlay overlay -o lowerdir={top},upperdir={},workdir={} {top}\n",
                     upper.display(),
@@ -1012,14 +1046,7 @@ fn http_status(addr: SocketAddr, path: &str, https: bool, timeout: Duration) -> 
     );
     let mut raw = Vec::new();
     if https {
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .ok()?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(NoVerify))
-        .with_no_client_auth();
+        let config = no_verify_config()?;
         let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
         let conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
         let mut tls = rustls::StreamOwned::new(conn, sock);
@@ -1039,14 +1066,7 @@ fn http_status(addr: SocketAddr, path: &str, https: bool, timeout: Duration) -> 
 
 /// The leaf certificate (DER) a TLS server at `addr` presents.
 pub fn peer_certificate(addr: SocketAddr) -> Option<Vec<u8>> {
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .ok()?
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(NoVerify))
-    .with_no_client_auth();
+    let config = no_verify_config()?;
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
     let mut conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
     let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
@@ -1055,6 +1075,19 @@ pub fn peer_certificate(addr: SocketAddr) -> Option<Vec<u8>> {
         conn.complete_io(&mut sock).ok()?;
     }
     Some(conn.peer_certificates()?.first()?.to_vec())
+}
+
+fn no_verify_config() -> Option<rustls::ClientConfig> {
+    Some(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NoVerify))
+        .with_no_client_auth(),
+    )
 }
 
 /// The kubelet's prober does not verify the serving certificate (`InsecureSkipVerify`).

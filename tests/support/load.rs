@@ -284,17 +284,25 @@ async fn create_cm(admin: &kube::Client, ns: &str, name: &str) -> Result<(), Str
     }
 }
 
-/// A guarded request's error: the webhook's own denial is right, a failed call is not.
+/// A guarded request's error: only the rule's own denial is right. A denial by the same webhook
+/// for another reason (its deadline, a namespace it could not read) is handoff failing closed,
+/// which is no decision: counted with the failed calls.
 fn classify_denial(e: &kube::Error, webhook: &str) -> Outcome {
     let msg = e.to_string();
-    if msg.contains(&format!(
+    let by_webhook = msg.contains(&format!(
         "admission webhook \"{webhook}\" denied the request"
-    )) {
+    ));
+    if by_webhook && msg.contains(HELD_DENIAL) {
         Outcome::Right
+    } else if by_webhook {
+        Outcome::WebhookFailed(msg)
     } else {
         failed_or_other(msg)
     }
 }
+
+/// What the guard's denial of a delete under a namespace's sync finalizer says.
+const HELD_DENIAL: &str = "carries the sync finalizer";
 
 /// An unguarded request's error: a denial by handoff is wrong.
 fn classify_refusal(e: &kube::Error) -> Outcome {
@@ -367,15 +375,35 @@ pub struct Report {
     pub during: BTreeMap<bool, Tally>,
     pub baseline: BTreeMap<bool, Tally>,
     pub all: Tally,
+    /// Failed calls that were in flight when a replica was killed (`crash_at`): a crash takes
+    /// them with it, and `failurePolicy: Fail` refuses them. Reported apart, not as failures
+    /// of the drain.
+    pub in_flight_at_crash: Vec<String>,
+    /// The API server's own count, over the load, of calls to handoff's webhooks that failed
+    /// (`apiserver_admission_webhook_rejection_count` with a calling or internal error) and of
+    /// those let through by `failurePolicy: Ignore` (`..._fail_open_count`): what the client
+    /// cannot see for the scale webhook, which fails open.
+    pub apiserver_failed_calls: f64,
+    pub apiserver_fail_open: f64,
+    /// Requests the load was to send, at its rate over its duration.
+    pub expected: usize,
 }
 
 impl Report {
-    pub fn new(samples: &[Sample], windows: &[(Duration, Duration)]) -> Report {
+    pub fn new(
+        samples: &[Sample],
+        windows: &[(Duration, Duration)],
+        crash_at: Option<Duration>,
+    ) -> Report {
         let mut r = Report {
             by_class: BTreeMap::new(),
             during: BTreeMap::new(),
             baseline: BTreeMap::new(),
             all: Tally::default(),
+            in_flight_at_crash: Vec::new(),
+            apiserver_failed_calls: 0.0,
+            apiserver_fail_open: 0.0,
+            expected: 0,
         };
         for s in samples {
             let during = windows.iter().any(|(a, b)| s.at >= *a && s.at <= *b);
@@ -383,11 +411,53 @@ impl Report {
                 r.baseline.entry(during).or_default().add(s);
                 continue;
             }
+            let crashed = crash_at.is_some_and(|c| s.at <= c && c <= s.at + s.latency);
+            if crashed && matches!(s.outcome, Outcome::WebhookFailed(_)) {
+                r.in_flight_at_crash
+                    .push(format!("{:?} at {:.1}s", s.class, s.at.as_secs_f64()));
+                continue;
+            }
             r.all.add(s);
             r.by_class.entry(s.class).or_default().add(s);
             r.during.entry(during).or_default().add(s);
         }
         r
+    }
+
+    /// No wrong answer, no failed call (but those a crash took), nothing unexplained, the load
+    /// sent what it was to, and the API server counted no more failures than the client saw.
+    pub fn assert_clean(&self) {
+        assert!(
+            self.all.wrong.is_empty(),
+            "wrong answers: {:#?}",
+            self.all.wrong
+        );
+        assert!(
+            self.all.failed.is_empty(),
+            "failed webhook calls: {:#?}",
+            self.all.failed
+        );
+        assert!(
+            self.all.other.is_empty(),
+            "unexplained answers: {:#?}",
+            self.all.other
+        );
+        assert!(
+            self.all.sent + self.in_flight_at_crash.len() >= self.expected * 9 / 10,
+            "the load sent {} of the {} requests it was to",
+            self.all.sent,
+            self.expected
+        );
+        assert_eq!(
+            self.apiserver_fail_open, 0.0,
+            "the API server let calls to a handoff webhook through on failurePolicy Ignore"
+        );
+        assert!(
+            self.apiserver_failed_calls <= self.in_flight_at_crash.len() as f64,
+            "the API server counted {} failed calls to handoff's webhooks; the client saw {} (at the crash)",
+            self.apiserver_failed_calls,
+            self.in_flight_at_crash.len()
+        );
     }
 
     /// Guarded requests let through, and unguarded ones refused or changed.
@@ -430,6 +500,12 @@ impl Report {
                 b.map_or(0.0, |b| b.quantile(0.99)),
             );
         }
+        println!(
+            "in flight at the crash and failed: {}; the API server's count: {} failed calls, {} let through by failurePolicy Ignore",
+            self.in_flight_at_crash.len(),
+            self.apiserver_failed_calls,
+            self.apiserver_fail_open
+        );
         for w in self
             .all
             .wrong

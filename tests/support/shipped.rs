@@ -179,6 +179,16 @@ impl Shipped {
             .to_vec()
     }
 
+    /// The pods both Deployments ask for.
+    pub fn replicas(&self) -> usize {
+        self.rendered
+            .objects
+            .iter()
+            .filter(|o| o["kind"] == "Deployment")
+            .map(|d| d["spec"]["replicas"].as_u64().unwrap_or(1) as usize)
+            .sum()
+    }
+
     pub fn deployments(&self) -> Vec<String> {
         self.rendered
             .objects
