@@ -234,15 +234,7 @@ async fn the_drain_moves_clients_off_before_the_listener_closes() {
 
     server.app.health.start_drain();
     // HTTP/2: the GOAWAY arrives without any request.
-    let mut waited = Duration::ZERO;
-    while !h2.is_closed() {
-        assert!(
-            waited < Duration::from_secs(5),
-            "no GOAWAY on the HTTP/2 connection"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += Duration::from_millis(20);
-    }
+    closed_within(&h2, "no GOAWAY on the HTTP/2 connection").await;
     // HTTP/1.1: the next answer is still given, and says the connection ends with it.
     let during = h1.get("/healthz").await;
     assert_eq!(
@@ -252,15 +244,11 @@ async fn the_drain_moves_clients_off_before_the_listener_closes() {
         during.text()
     );
     assert_eq!(during.connection.as_deref(), Some("close"));
-    let mut waited = Duration::ZERO;
-    while !h1.is_closed() {
-        assert!(
-            waited < Duration::from_secs(5),
-            "the HTTP/1.1 connection stayed open after Connection: close"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += Duration::from_millis(20);
-    }
+    closed_within(
+        &h1,
+        "the HTTP/1.1 connection stayed open after Connection: close",
+    )
+    .await;
     // The listener is still open: a new client is served (and told to go too).
     let mut late = server.connect(Proto::H1).await;
     let r = late
@@ -289,4 +277,14 @@ async fn the_drain_moves_clients_off_before_the_listener_closes() {
         "and kept until the listener closes"
     );
     server.stop().await;
+}
+
+/// Wait (up to 5 s) for the server to end `client`'s connection.
+async fn closed_within(client: &Client, what: &str) {
+    let mut waited = Duration::ZERO;
+    while !client.is_closed() {
+        assert!(waited < Duration::from_secs(5), "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
 }
