@@ -51,10 +51,8 @@ impl Default for Limits {
 pub struct Health {
     /// The TLS listener accepted a connection from the server itself.
     pub listener_answers: AtomicBool,
-    /// SIGTERM received: readiness fails so the endpoint is removed before connections stop.
-    /// Set only by `start_drain`, which also tells the connections.
-    draining: AtomicBool,
-    /// The same fact for connections to wait on (`start_drain`).
+    /// SIGTERM received (`start_drain`): readiness fails so the endpoint is removed before
+    /// connections stop, and the connections, which wait on it, are told to go.
     drain: tokio::sync::watch::Sender<bool>,
 }
 
@@ -62,7 +60,6 @@ impl Default for Health {
     fn default() -> Self {
         Health {
             listener_answers: AtomicBool::new(false),
-            draining: AtomicBool::new(false),
             drain: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -79,12 +76,11 @@ impl Health {
     /// request for the whole drain delay, closed idle: the same race, made rare, since nothing
     /// on the server's side can tell an idle HTTP/1.1 client to stop.
     pub fn start_drain(&self) {
-        self.draining.store(true, Ordering::Release);
         self.drain.send_replace(true);
     }
 
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Acquire)
+        *self.drain.borrow()
     }
 
     /// Resolves once `start_drain` has been called (at once if it already was).

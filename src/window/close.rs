@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::common::{
-    Cluster, Result, WindowError, api_err, dep_key, now, read_window, record, set_state,
+    Cluster, Result, WindowError, api_err, dep_key, labels, now, read_window, record, set_state,
     upsert_pinned,
 };
 use super::lease;
@@ -517,11 +517,7 @@ pub async fn close(
     }
     if !found {
         return Err(WindowError::Refused {
-            cluster: clusters
-                .iter()
-                .map(|c| c.label.as_str())
-                .collect::<Vec<_>>()
-                .join("+"),
+            cluster: labels(clusters),
             message: format!("there is no MoveWindow {}: nothing to close", opts.name),
         });
     }

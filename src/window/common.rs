@@ -56,6 +56,15 @@ pub enum WindowError {
 
 pub type Result<T> = std::result::Result<T, WindowError>;
 
+/// The clusters an error is about, as one label (`target+source`).
+pub fn labels<'a>(clusters: impl IntoIterator<Item = &'a Cluster>) -> String {
+    clusters
+        .into_iter()
+        .map(|c| c.label.as_str())
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
 pub fn api_err(c: &Cluster, action: impl Into<String>) -> impl FnOnce(kube::Error) -> WindowError {
     let cluster = c.label.clone();
     let action = action.into();

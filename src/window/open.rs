@@ -14,8 +14,8 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::common::{
-    Cluster, Result, WindowError, api_err, dep_key, now, read_window, record, selected_deployments,
-    set_state, upsert_pinned,
+    Cluster, Result, WindowError, api_err, dep_key, labels, now, read_window, record,
+    selected_deployments, set_state, upsert_pinned,
 };
 use super::lease;
 use super::plan::{self, LeaseSeen, PinPlan, StopChoice};
@@ -308,11 +308,7 @@ async fn wait_pods_gone(
         }
         if start.elapsed() >= opts.wait_timeout {
             return Err(WindowError::Timeout {
-                cluster: clusters
-                    .iter()
-                    .map(|(c, _)| c.label.as_str())
-                    .collect::<Vec<_>>()
-                    .join("+"),
+                cluster: labels(clusters.iter().map(|(c, _)| c)),
                 after: opts.wait_timeout,
                 what: format!("waiting for pods to be gone ({last})"),
             });
@@ -536,11 +532,7 @@ async fn checked(
     // rather than after the first Deployment is stopped.
     if opts.name.len() > 63 {
         return Err(WindowError::Refused {
-            cluster: clusters
-                .iter()
-                .map(|c| c.label.as_str())
-                .collect::<Vec<_>>()
-                .join("+"),
+            cluster: labels(clusters),
             message: format!(
                 "MoveWindow name {:?} is {} characters; at most 63 (it labels the Leases a window holds)",
                 opts.name,

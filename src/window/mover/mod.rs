@@ -461,16 +461,28 @@ async fn restore(
     restored: &mut Vec<Restored>,
     out: &mut dyn Write,
 ) -> Result<(Instant, Instant)> {
-    let mut done = Vec::new();
-    for c in [target, source] {
+    let done = restore_each([target, source], opts, restored, out).await?;
+    Ok((done[0], done[1]))
+}
+
+/// Close the window on each cluster in the order given (one that has none is skipped); when
+/// each cluster's controllers ran again.
+async fn restore_each(
+    order: [&Cluster; 2],
+    opts: &MoveOptions,
+    restored: &mut Vec<Restored>,
+    out: &mut dyn Write,
+) -> Result<[Instant; 2]> {
+    let mut done = [Instant::now(); 2];
+    for (i, c) in order.into_iter().enumerate() {
         let p = phase(out, &format!("restoring the {}'s controllers", c.label));
         if read_window(c, &opts.window).await?.is_some() {
             restored.extend(close(std::slice::from_ref(c), &opts.close, out).await?);
         }
         p.done(out, &format!("the {}'s controllers run again", c.label));
-        done.push(Instant::now());
+        done[i] = Instant::now();
     }
-    Ok((done[0], done[1]))
+    Ok(done)
 }
 
 async fn finish(
@@ -780,13 +792,7 @@ async fn abort(
         );
     }
     let mut restored = Vec::new();
-    for c in [source, target] {
-        let p = phase(out, &format!("restoring the {}'s controllers", c.label));
-        if read_window(c, &opts.window).await?.is_some() {
-            restored.extend(close(std::slice::from_ref(c), &opts.close, out).await?);
-        }
-        p.done(out, &format!("the {}'s controllers run again", c.label));
-    }
+    restore_each([source, target], opts, &mut restored, out).await?;
     if recorded.is_some() {
         note(target, &opts.window, |m| m.phase = "Aborted".into()).await?;
     }
