@@ -13,10 +13,10 @@ use std::task::{Context, Poll, Waker};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use handoff::admission::{AdmissionResponse, decode_review, encode_review};
-use handoff::policy::identity::Identities;
-use handoff::policy::move_window::{self, PinRequest, PinVerdict, WindowView};
-use handoff::policy::rollout::Verdict;
-use handoff::policy::sync_finalizer::{self, DeleteRequest, NamespaceMeta, NamespaceState};
+use handoff::rules::identity::Identities;
+use handoff::rules::move_window::{self, PinRequest, PinVerdict, WindowView};
+use handoff::rules::rollout::Verdict;
+use handoff::rules::sync_finalizer::{self, DeleteRequest, NamespaceMeta, NamespaceState};
 use handoff::state::State;
 use handoff::state::namespaces::{CacheEntry, NamespaceCache};
 use handoff::webhook::{self, Webhook};

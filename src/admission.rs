@@ -585,7 +585,7 @@ mod tests {
         assert_eq!(review(r#","annotations":null"#), None);
         assert_eq!(review(""), None);
         // Every configured soft-finalizer prefix is kept by the decoder.
-        for p in crate::policy::identity::Identities::new(
+        for p in crate::rules::identity::Identities::new(
             &["kcp.io".into(), "kcp.dev".into(), "example.org".into()],
             &[],
         )

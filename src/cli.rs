@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
-use handoff::policy::move_window::OwnDeployment;
+use handoff::rules::move_window::OwnDeployment;
 use handoff::server;
 use handoff::webhook::Webhook;
 
@@ -260,7 +260,7 @@ pub enum Output {
 pub fn label_selector(
     s: &str,
 ) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector, String> {
-    handoff::policy::selector::parse_label_selector(s).map_err(|e| e.to_string())
+    handoff::rules::selector::parse_label_selector(s).map_err(|e| e.to_string())
 }
 
 /// Where decisions read their state from.

@@ -4,8 +4,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::policy::identity::{Identities, KeyScheme};
-use crate::policy::rollout::{Exemption, Mode, Rollout};
+use crate::rules::identity::{Identities, KeyScheme};
+use crate::rules::rollout::{Exemption, Mode, Rollout};
 
 /// ```yaml
 /// syncTargets:                      # explicit identities, checked before the kcp convention

@@ -6,7 +6,7 @@ pub mod admission;
 pub mod admission_policy;
 pub mod certs;
 pub mod config;
-pub mod policy;
+pub mod rules;
 pub mod resources;
 pub mod server;
 pub mod state;

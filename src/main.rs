@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 
 use handoff::config::ConfigFile;
-use handoff::policy::move_window::OwnDeployment;
+use handoff::rules::move_window::OwnDeployment;
 use handoff::server::metrics::Metrics;
 use handoff::server::tls::{CertSource, CertStore};
 use handoff::server::{self, App, Limits};

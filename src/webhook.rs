@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 
 use crate::admission::{AdmissionRequest, AdmissionResponse, Operation};
-use crate::policy::lease_hold::{self, LeaseReason, LeaseVerdict, LeaseWrite};
-use crate::policy::move_window::{self, PinReason, PinRequest, PinVerdict, WindowView};
-use crate::policy::rollout::{self, Delivery, Rollout, Verdict};
-use crate::policy::sync_finalizer::{
+use crate::rules::lease_hold::{self, LeaseReason, LeaseVerdict, LeaseWrite};
+use crate::rules::move_window::{self, PinReason, PinRequest, PinVerdict, WindowView};
+use crate::rules::rollout::{self, Delivery, Rollout, Verdict};
+use crate::rules::sync_finalizer::{
     self, AllowReason, DeleteRequest, Freshness, GuardVerdict, Rule,
 };
 use crate::state::{KcpRead, NamespaceLookup, State};
@@ -116,7 +116,7 @@ impl Decision {
     }
 
     pub fn deny(req: &AdmissionRequest, reason: Reason, message: String) -> Self {
-        let message = crate::policy::one_line(message);
+        let message = crate::rules::one_line(message);
         let mut response = AdmissionResponse::deny(&req.uid, 403, "Forbidden", message.clone());
         response.audit_annotations = audit(Verdict::Deny, reason);
         Decision {

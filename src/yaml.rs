@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
     let options = serde_saphyr::options! { with_snippet: false };
     serde_saphyr::from_str_with_options(text, options)
-        .map_err(|e| crate::policy::one_line(e.to_string()))
+        .map_err(|e| crate::rules::one_line(e.to_string()))
 }
 
 /// Serialize to YAML.

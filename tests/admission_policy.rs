@@ -814,7 +814,7 @@ fn serve_publishes_new_sync_targets_and_the_policy_holds_them_without_it() {
     if skip() {
         return;
     }
-    use handoff::policy::identity::{KeyScheme, sync_target_key, syncer_id};
+    use handoff::rules::identity::{KeyScheme, sync_target_key, syncer_id};
     let api = ApiServer::start();
     rbac_for_handoff(&api);
     let out = handoff_cmd(&api, &["policy", "install"]);

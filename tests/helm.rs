@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use handoff::policy::rollout::Mode;
+use handoff::rules::rollout::Mode;
 use serde_json::{Value, json};
 use support::apiserver::{self, ADMIN, ApiServer};
 

@@ -539,7 +539,7 @@ fn check_webhooks(r: &Rendered, endpoint: &Endpoint) {
         .unwrap_or_default();
     assert!(
         held.iter()
-            .any(|e| e.key == handoff::policy::lease_hold::HELD_BY_LABEL && e.operator == "Exists"),
+            .any(|e| e.key == handoff::rules::lease_hold::HELD_BY_LABEL && e.operator == "Exists"),
         "the held-Lease entry must select held Leases only: {held:?}"
     );
     let excluded = hold

@@ -158,7 +158,7 @@ async fn an_unproven_view_is_read_once_per_namespace_however_many_deletes_wait()
     // Cached as "not held", by a watch that has gone quiet.
     state.namespaces.replace_all([(
         NS,
-        handoff::policy::sync_finalizer::NamespaceMeta::from_annotations(
+        handoff::rules::sync_finalizer::NamespaceMeta::from_annotations(
             Some(&[("kcp.io/namespace-locator".to_string(), LOCATOR.to_string())].into()),
             &state.ids,
         ),

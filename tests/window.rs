@@ -5,7 +5,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use handoff::policy::move_window::OwnDeployment;
+use handoff::rules::move_window::OwnDeployment;
 use handoff::resources::move_window::MoveRole;
 use handoff::window::{self as ops, CloseOptions, Cluster, OpenOptions, WindowError};
 use serde_json::{Value, json};

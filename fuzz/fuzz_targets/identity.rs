@@ -9,7 +9,7 @@
 //! a syncer whose namespace locator names its sync target resolves to that target's keys.
 #![no_main]
 
-use handoff::policy::identity::{
+use handoff::rules::identity::{
     Identities, KeyScheme, NamespaceLocator, Requester, SyncTargetKey, parse_syncer_username,
     sync_target_key, syncer_id,
 };

@@ -6,7 +6,7 @@
 #![no_main]
 
 use handoff::admission::{Operation, decode_review};
-use handoff::policy::lease_hold::{
+use handoff::rules::lease_hold::{
     HELD_BY_LABEL, LeaseVerdict, LeaseWrite, OPERATOR_ANNOTATION, decide,
 };
 use libfuzzer_sys::fuzz_target;

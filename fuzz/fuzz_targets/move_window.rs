@@ -15,11 +15,11 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use handoff::admission::{AdmissionRequest, ObjectView, Operation, PatchOp, decode_review};
-use handoff::policy::move_window::{
+use handoff::rules::move_window::{
     OpenWindow, OwnDeployment, ParentDeployment, PinReason, PinRequest, PinTarget, PinVerdict,
     SAVED_REPLICAS_ANNOTATION, SavedReplicas, Unseen, WindowView, decide,
 };
-use handoff::policy::selector::Selector;
+use handoff::rules::selector::Selector;
 use handoff::resources::move_window::default_deployment_selector;
 use handoff::state::windows::DeploymentMeta;
 use libfuzzer_sys::fuzz_target;

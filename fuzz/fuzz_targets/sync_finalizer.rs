@@ -1,5 +1,5 @@
 //! The sync-finalizer guard on any decodable DELETE, against a held namespace (locator and
-//! blocking finalizer, as in `src/policy/sync_finalizer.rs`'s tests), a held namespace without
+//! blocking finalizer, as in `src/rules/sync_finalizer.rs`'s tests), a held namespace without
 //! a locator, a namespace carrying the request's `oldObject` annotations, a plain one and an
 //! unreadable one.
 //!
@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use handoff::admission::{Operation, decode_review};
-use handoff::policy::identity::Identities;
-use handoff::policy::sync_finalizer::{
+use handoff::rules::identity::Identities;
+use handoff::rules::sync_finalizer::{
     DeleteRequest, Freshness, GuardVerdict, KcpState, NamespaceMeta, NamespaceState, decide,
     decide_with_kcp,
 };

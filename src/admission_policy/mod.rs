@@ -23,9 +23,9 @@ use std::fmt::Write as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 
-use crate::policy::identity::{Identities, Located, SyncTarget};
-use crate::policy::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
-use crate::policy::rollout::{Exemption, Mode, Rollout};
+use crate::rules::identity::{Identities, Located, SyncTarget};
+use crate::rules::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
+use crate::rules::rollout::{Exemption, Mode, Rollout};
 
 pub const GUARD_POLICY: &str = "handoff-sync-finalizer";
 pub const PIN_POLICY: &str = "handoff-move-window-pin";
@@ -778,7 +778,7 @@ pub fn window_bindings(window: &str, uid: Option<&str>, selector: &LabelSelector
 /// Lease, so it needs no parameter. Only Leases a window holds match (`objectSelector`; for
 /// UPDATE the API server also matches the old object, for DELETE the object deleted).
 pub fn lease_hold_policy(rollout: &Rollout) -> Value {
-    use crate::policy::lease_hold::{HELD_BY_LABEL, OPERATOR_ANNOTATION};
+    use crate::rules::lease_hold::{HELD_BY_LABEL, OPERATOR_ANNOTATION};
     let held = cel_str(HELD_BY_LABEL);
     let op = cel_str(OPERATOR_ANNOTATION);
     let mut conditions = vec![json!({

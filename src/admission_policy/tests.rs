@@ -1,5 +1,5 @@
 use super::*;
-use crate::policy::identity::NamespaceLocator;
+use crate::rules::identity::NamespaceLocator;
 
 const LOCATOR: &str = r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root:org:ws","namespace":"test"}"#;
 
@@ -235,7 +235,7 @@ fn selectors_render_as_kubernetes_evaluates_them() {
         "(('clusterctl.cluster.x-k8s.io' in l) && ('cluster.x-k8s.io/provider' in l) && !('clusterctl.cluster.x-k8s.io/core' in l && l['clusterctl.cluster.x-k8s.io/core'] in ['cert-manager', 'inventory']))"
     );
     let sel =
-        crate::policy::selector::parse_label_selector("app=web,tier notin (db),!legacy").unwrap();
+        crate::rules::selector::parse_label_selector("app=web,tier notin (db),!legacy").unwrap();
     assert_eq!(
         cel_selector(&sel, "l"),
         "(('app' in l && l['app'] == 'web') && !('tier' in l && l['tier'] in ['db']) && !('legacy' in l))"

@@ -5,7 +5,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::policy::selector::{Selector, SelectorError};
+use crate::rules::selector::{Selector, SelectorError};
 
 /// While `spec.state` is `Open`, every selected controller Deployment is stopped: its
 /// leader-election Lease held by the window (its webhooks keep serving), or, where it holds no

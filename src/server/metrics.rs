@@ -339,8 +339,8 @@ impl Metrics {
     }
 
     /// Publish the rollout in force.
-    pub fn set_rollout(&self, r: &crate::policy::rollout::Rollout) {
-        use crate::policy::rollout::Mode;
+    pub fn set_rollout(&self, r: &crate::rules::rollout::Rollout) {
+        use crate::rules::rollout::Mode;
         for (webhook, mode) in [
             ("sync-finalizer", r.sync_finalizer),
             ("move-window", r.move_window),

@@ -17,7 +17,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use super::metrics::{Metrics, RequestLabels, WebhookLabels};
 use crate::admission;
-use crate::policy::rollout::Verdict;
+use crate::rules::rollout::Verdict;
 use crate::webhook::{self, Decision, Reason, Webhook};
 
 use super::{App, Limits, health_router};
@@ -290,7 +290,7 @@ async fn admit_inner(
         tracing::warn!(
             webhook = webhook.as_str(),
             code = code.as_u16(),
-            error = &*crate::policy::one_line_str(&msg),
+            error = &*crate::rules::one_line_str(&msg),
             "bad admission request"
         );
         (plain(code, msg), "", "error")
@@ -398,7 +398,7 @@ fn log_decision(
     d: &Decision,
     latency: Duration,
 ) {
-    use crate::policy::one_line_str as esc;
+    use crate::rules::one_line_str as esc;
     macro_rules! event {
         ($level:expr) => {
             tracing::event!(

@@ -12,7 +12,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
-use crate::policy::sync_finalizer::NamespaceMeta;
+use crate::rules::sync_finalizer::NamespaceMeta;
 use crate::resources::move_window::MoveWindow;
 use crate::state::windows::DeploymentMeta;
 use crate::state::{State, WatchHealth};

@@ -27,8 +27,8 @@ use kube::runtime::watcher::Event;
 use super::cache::Projected;
 use super::single_flight::SingleFlight;
 use super::{State, WatchHealth};
-use crate::policy::identity::{Identities, KcpNamespace};
-use crate::policy::sync_finalizer::{SoftFinalizer, blocking_finalizers};
+use crate::rules::identity::{Identities, KcpNamespace};
+use crate::rules::sync_finalizer::{SoftFinalizer, blocking_finalizers};
 
 /// The annotations kcp puts on every object of a wildcard (`/clusters/*`) list or watch: the
 /// logical cluster the object lives in.

@@ -17,9 +17,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 
-use crate::policy::identity::Identities;
-use crate::policy::move_window::{OwnDeployment, ParentDeployment, Unseen};
-use crate::policy::sync_finalizer::{KcpState, NamespaceMeta, NamespaceState};
+use crate::rules::identity::Identities;
+use crate::rules::move_window::{OwnDeployment, ParentDeployment, Unseen};
+use crate::rules::sync_finalizer::{KcpState, NamespaceMeta, NamespaceState};
 use crate::resources::move_window::MoveWindow;
 use namespaces::{CacheEntry, NamespaceCache};
 use windows::{DeploymentCache, DeploymentMeta, WindowCache};
@@ -39,11 +39,11 @@ pub enum NamespaceLookup {
 pub enum KcpRead {
     NotRead,
     Known {
-        at: crate::policy::identity::KcpNamespace,
+        at: crate::rules::identity::KcpNamespace,
         view: Arc<kcp::KcpView>,
     },
     Unavailable {
-        at: Option<crate::policy::identity::KcpNamespace>,
+        at: Option<crate::rules::identity::KcpNamespace>,
         why: String,
     },
 }
@@ -175,7 +175,7 @@ impl Default for Serving {
 pub struct State {
     pub serving: Serving,
     /// Enforcement modes and exemptions in force; replaced whole when the config file changes.
-    rollout: std::sync::RwLock<Arc<crate::policy::rollout::Rollout>>,
+    rollout: std::sync::RwLock<Arc<crate::rules::rollout::Rollout>>,
     pub ids: Identities,
     pub namespaces: NamespaceCache,
     /// Set when state comes from a cluster: asked once when a cache misses an object.
@@ -229,14 +229,14 @@ impl State {
         }
     }
 
-    pub fn rollout(&self) -> Arc<crate::policy::rollout::Rollout> {
+    pub fn rollout(&self) -> Arc<crate::rules::rollout::Rollout> {
         self.rollout
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
-    pub fn set_rollout(&self, rollout: crate::policy::rollout::Rollout) {
+    pub fn set_rollout(&self, rollout: crate::rules::rollout::Rollout) {
         *self.rollout.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rollout);
     }
 

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::cache::Projected;
-use crate::policy::sync_finalizer::NamespaceMeta;
+use crate::rules::sync_finalizer::NamespaceMeta;
 
 /// The guard's view of namespaces: name → what matters in its metadata (both parts `None`:
 /// nothing, which costs only the name).
@@ -158,7 +158,7 @@ impl NamespaceCache {
     /// Every namespace whose locator names a kcp namespace: `(name, kcp namespace, whether it
     /// carries a blocking sync finalizer itself)`. For the mirror; kept only when handoff reads
     /// kcp.
-    pub fn located_in_kcp(&self) -> Vec<(String, crate::policy::identity::KcpNamespace, bool)> {
+    pub fn located_in_kcp(&self) -> Vec<(String, crate::rules::identity::KcpNamespace, bool)> {
         self.0.fold(Vec::new(), |mut out, (name, meta)| {
             if let Some(Ok(at)) = meta.kcp.as_deref() {
                 out.push((
@@ -178,7 +178,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::policy::identity::Identities;
+    use crate::rules::identity::Identities;
 
     fn annotations(namespace: &str, held: bool) -> BTreeMap<String, String> {
         let mut a = BTreeMap::from([(

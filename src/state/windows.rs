@@ -5,7 +5,7 @@ use std::sync::{Arc, RwLock};
 
 use super::cache::Projected;
 
-use crate::policy::move_window::{OpenWindow, PinnedRef, SAVED_REPLICAS_ANNOTATION};
+use crate::rules::move_window::{OpenWindow, PinnedRef, SAVED_REPLICAS_ANNOTATION};
 use crate::resources::move_window::{MoveWindow, Strategy};
 
 /// What the cache keeps of one MoveWindow.

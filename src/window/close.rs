@@ -17,8 +17,8 @@ use super::common::{
 };
 use super::lease;
 use super::plan;
-use crate::policy::move_window::SAVED_REPLICAS_ANNOTATION;
-use crate::policy::selector::Selector;
+use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
+use crate::rules::selector::Selector;
 use crate::resources::move_window::{
     HeldLease, MoveWindow, MoveWindowStatus, PinnedDeployment, Strategy, WindowState,
 };

@@ -10,8 +10,8 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::preflight::Finding;
-use crate::policy::move_window::OwnDeployment;
-use crate::policy::selector::Selector;
+use crate::rules::move_window::OwnDeployment;
+use crate::rules::selector::Selector;
 use crate::resources::move_window::{
     MoveRole, MoveWindow, MoveWindowStatus, PinnedDeployment, WindowState,
 };

@@ -175,7 +175,7 @@ pub async fn held_anywhere(
     window: &str,
     out: &mut dyn Write,
 ) -> Result<Vec<(String, String)>> {
-    let selector = format!("{}={window}", crate::policy::lease_hold::HELD_BY_LABEL);
+    let selector = format!("{}={window}", crate::rules::lease_hold::HELD_BY_LABEL);
     match Api::<Lease>::all(c.client.clone())
         .list(&ListParams::default().labels(&selector))
         .await

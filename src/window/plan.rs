@@ -8,11 +8,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
-use crate::policy::lease_hold::{
+use crate::rules::lease_hold::{
     FORMER_DURATION_ANNOTATION, FORMER_HOLDER_ANNOTATION, HELD_BY_LABEL, OPERATOR_ANNOTATION,
     holder_identity, window_of_holder,
 };
-use crate::policy::move_window::{SAVED_REPLICAS_ANNOTATION, SavedReplicas};
+use crate::rules::move_window::{SAVED_REPLICAS_ANNOTATION, SavedReplicas};
 use crate::resources::move_window::{MoveRole, PinnedDeployment, StopPolicy, Strategy};
 
 /// The `leaseDurationSeconds` a window writes: ten years. A candidate treats a Lease as taken

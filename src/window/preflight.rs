@@ -13,8 +13,8 @@ use kube::api::ListParams;
 use serde::Serialize;
 
 use super::common::{Cluster, Result, api_err, dep_key, selected_deployments};
-use crate::policy::move_window::OwnDeployment;
-use crate::policy::selector::Selector;
+use crate::rules::move_window::OwnDeployment;
+use crate::rules::selector::Selector;
 
 /// A Deployment whose pods back a webhook that fails closed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

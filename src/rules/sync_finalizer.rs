@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use crate::admission::{AdmissionRequest, Operation};
-use crate::policy::identity::{
+use crate::rules::identity::{
     Identities, KcpNamespace, Located, NamespaceLocator, Requester, SyncTarget,
 };
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::admission::{AdmissionRequest, ObjectView, Operation, PatchOp, pointer};
-use crate::policy::selector::Selector;
+use crate::rules::selector::Selector;
 
 /// Where the count a Deployment asked for is kept while it is pinned.
 pub const SAVED_REPLICAS_ANNOTATION: &str = "handoff.dev/replicas-before-move";
@@ -1079,7 +1079,7 @@ mod tests {
         let special: BTreeMap<String, String> = [("app".to_string(), "special".to_string())].into();
         let selector = |s: &str| {
             Selector::from_label_selector(
-                &crate::policy::selector::parse_label_selector(s).unwrap(),
+                &crate::rules::selector::parse_label_selector(s).unwrap(),
             )
             .unwrap()
         };
