@@ -111,6 +111,7 @@ async fn main() -> anyhow::Result<()> {
         Arc::new(tls),
         router,
         health,
+        &server::Limits::default(),
         shutdown,
         Duration::from_secs(1),
     )

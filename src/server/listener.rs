@@ -15,7 +15,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
-use super::{App, Health, health_router};
+use super::{App, Health, Limits, health_router};
 
 /// Serve HTTPS on `listener` until `shutdown` resolves, then drain: stop accepting, let
 /// in-flight requests finish (at most `drain_timeout`), and return. From `Health::start_drain`
@@ -25,6 +25,7 @@ pub async fn run(
     tls: Arc<rustls::ServerConfig>,
     service: Router,
     health: Arc<Health>,
+    limits: &Limits,
     shutdown: impl std::future::Future<Output = ()>,
     drain_timeout: Duration,
 ) {
@@ -57,6 +58,7 @@ pub async fn run(
             acceptor.clone(),
             service.clone(),
             health.clone(),
+            limits.clone(),
             closing.clone(),
         );
         connections.spawn(conn);
@@ -85,9 +87,10 @@ async fn serve_connection(
     acceptor: tokio_rustls::TlsAcceptor,
     service: Router,
     health: Arc<Health>,
+    limits: Limits,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) {
-    let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+    let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -100,17 +103,15 @@ async fn serve_connection(
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // A client that opens a connection and never finishes its headers must not hold it
-    // forever; bodies are bounded by the request deadline in the handler.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10));
+        .header_read_timeout(limits.header_read_timeout);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(10));
+        .keep_alive_interval(limits.h2_keep_alive_interval)
+        .keep_alive_timeout(limits.h2_keep_alive_timeout);
     let builder = if h2 {
         builder.http2_only()
     } else {

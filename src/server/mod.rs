@@ -5,10 +5,12 @@
 
 mod listener;
 pub mod metrics;
+mod serve;
 mod stack;
 pub mod tls;
 
 pub use listener::{run, run_plain};
+pub use serve::{Options, Server};
 pub use stack::{parse_go_duration, request_timeout, webhook_routes, with_stack};
 
 use std::sync::Arc;
@@ -24,7 +26,9 @@ use tokio::sync::Semaphore;
 use crate::state::State;
 use metrics::Metrics;
 
-/// Limits of the request path.
+/// Limits of the request path and of each connection: every bound a client meets, in one
+/// place. The first four are flags of `handoff serve`; the connection bounds are not, since
+/// the API server's own behaviour fixes what they must allow.
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub body_limit: usize,
@@ -33,6 +37,15 @@ pub struct Limits {
     pub max_concurrency: usize,
     /// How long a request may wait for a slot before it is shed with 503.
     pub queue_timeout: Duration,
+    /// A client that connects and never finishes the TLS handshake is dropped after this.
+    pub handshake_timeout: Duration,
+    /// An HTTP/1.1 client that never finishes its headers is dropped after this; bodies are
+    /// bounded by the request deadline in the handler.
+    pub header_read_timeout: Duration,
+    /// HTTP/2 pings an idle connection this often, and drops it when a ping goes unanswered
+    /// for `h2_keep_alive_timeout`, so a peer that vanished does not hold a connection.
+    pub h2_keep_alive_interval: Duration,
+    pub h2_keep_alive_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -42,6 +55,10 @@ impl Default for Limits {
             default_timeout: Duration::from_secs(10),
             max_concurrency: 1024,
             queue_timeout: Duration::from_secs(1),
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            h2_keep_alive_interval: Duration::from_secs(30),
+            h2_keep_alive_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -135,11 +152,6 @@ impl App {
         }
         Ok(())
     }
-}
-
-/// The HTTPS router: webhooks, health and metrics, behind the request-path stack.
-pub fn router(app: App) -> Router {
-    with_stack(webhook_routes(), app)
 }
 
 /// Health and metrics, also served on the plain-HTTP `--metrics-listen` port.

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use handoff::certs::Ca;
-use handoff::server::metrics::Metrics;
-use handoff::server::tls::{CertSource, CertStore};
-use handoff::server::{self, App, Limits};
+use handoff::server::tls::CertSource;
+use handoff::server::{self, App, Limits, Server};
 use handoff::state::State;
 use http_body_util::{BodyExt as _, Full};
 use hyper::client::conn::{http1, http2};
@@ -69,10 +68,11 @@ impl TestServer {
         Self::start_with(Arc::new(state), Options::default()).await
     }
 
+    /// `handoff serve` as `main` starts it (`handoff::server::Server`), on a loopback port with a
+    /// certificate from the test's own CA, no cluster, and no drain delay: `stop` closes at once.
     pub async fn start_with(state: Arc<State>, opts: Options) -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let ca = Ca::new("test CA", 1).unwrap();
-        let source = match opts.cert_files {
+        let certificate = match opts.cert_files {
             Some((cert, key)) => CertSource::Files { cert, key },
             None => {
                 let (cert_pem, key_pem) = ca
@@ -81,29 +81,32 @@ impl TestServer {
                 CertSource::Generated { cert_pem, key_pem }
             }
         };
-        let store = Arc::new(CertStore::load(source).unwrap());
-        let tls = server::tls::server_config(store.clone(), opts.client_ca.as_deref()).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        tokio::spawn(store.watch(Duration::from_millis(50), metrics.clone()));
-        let app = App::new(state, metrics, opts.limits);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let routes = match opts.extra_routes {
-            Some(extra) => server::webhook_routes().merge(extra),
-            None => server::webhook_routes(),
-        };
-        let service = server::with_stack(routes, app.clone());
-        let join = tokio::spawn(server::run(
-            listener,
-            Arc::new(tls),
-            service,
-            app.health.clone(),
-            async move {
-                let _ = rx.await;
+        let server = Server::bind(
+            state,
+            None,
+            server::Options {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                metrics_listen: None,
+                certificate,
+                client_ca: opts.client_ca,
+                cert_reload_interval: Duration::from_millis(50),
+                limits: opts.limits,
+                drain_delay: Duration::ZERO,
+                drain_timeout: opts.drain_timeout,
+                config_file: None,
+                policy_params: Default::default(),
+                policy_publish_interval: Duration::from_secs(10),
+                extra_routes: opts.extra_routes,
             },
-            opts.drain_timeout,
-        ));
+        )
+        .await
+        .unwrap();
+        let addr = server.local_addr();
+        let app = server.app().clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let join = tokio::spawn(server.run(async move {
+            let _ = rx.await;
+        }));
         TestServer {
             addr,
             ca,

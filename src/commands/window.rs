@@ -1,0 +1,218 @@
+//! `handoff window` and `handoff move`: the flags become the window's options, and an API
+//! error names the API server it could not reach.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::cli::{MoveArgs, Output, WindowArgs, WindowCommand};
+use handoff::rules::move_window::OwnDeployment;
+
+use super::{client_and_namespace, client_for};
+
+pub async fn window(a: WindowArgs) -> anyhow::Result<()> {
+    use handoff::resources::move_window::MoveRole;
+    use handoff::window::{Cluster, WindowError};
+    let mut servers = Vec::new();
+    let mut connect = async |label: &str,
+                             kubeconfig: Option<&std::path::Path>,
+                             context: Option<&str>,
+                             role: Option<MoveRole>|
+           -> anyhow::Result<Cluster> {
+        let (client, server) = client_for(kubeconfig, context).await?;
+        servers.push((label.to_string(), server));
+        Ok(Cluster {
+            label: label.into(),
+            client,
+            role,
+        })
+    };
+    let clusters = match (&a.source, &a.target) {
+        (Some(s), Some(t)) => vec![
+            connect(
+                "source",
+                Some(s),
+                a.source_context.as_deref(),
+                Some(MoveRole::Source),
+            )
+            .await
+            .context("--source")?,
+            connect(
+                "target",
+                Some(t),
+                a.target_context.as_deref(),
+                Some(MoveRole::Target),
+            )
+            .await
+            .context("--target")?,
+        ],
+        _ => vec![
+            connect(
+                "cluster",
+                a.kubeconfig.as_deref(),
+                a.context.as_deref(),
+                None,
+            )
+            .await?,
+        ],
+    };
+    // An API error names the server it could not reach, so that a user with several
+    // kubeconfigs sees which one was used.
+    let name_server = |e: anyhow::Error| {
+        let server = match e.downcast_ref::<WindowError>() {
+            Some(WindowError::Api { cluster, .. }) => servers
+                .iter()
+                .find(|(label, _)| label == cluster)
+                .map(|(label, url)| format!("API server {url} ({label})")),
+            _ => None,
+        };
+        match server {
+            Some(s) => e.context(s),
+            None => e,
+        }
+    };
+    window_command(a.command, clusters, a.own_deployment)
+        .await
+        .map_err(name_server)
+}
+
+async fn window_command(
+    command: WindowCommand,
+    clusters: Vec<handoff::window::Cluster>,
+    own_deployment: OwnDeployment,
+) -> anyhow::Result<()> {
+    use handoff::window as ops;
+    let mut out = std::io::stderr();
+    match command {
+        WindowCommand::Open {
+            name,
+            selector,
+            reason,
+            allow_webhook_outage,
+            dry_run,
+            wait_timeout,
+            stop,
+        } => {
+            let opts = ops::OpenOptions {
+                name,
+                selector,
+                reason,
+                allow_webhook_outage,
+                wait_timeout,
+                poll: Duration::from_secs(2),
+                own: own_deployment,
+                stop: stop.map(Into::into),
+            };
+            if dry_run {
+                ops::plan_open(&clusters, &opts, &mut std::io::stdout()).await?;
+            } else {
+                ops::open(&clusters, &opts, &mut out).await?;
+            }
+        }
+        WindowCommand::Close {
+            name,
+            restore_timeout,
+            lead_timeout,
+        } => {
+            let ordered = ops::plan::close_order(clusters, |c| c.role);
+            let opts = ops::CloseOptions {
+                name,
+                restore_timeout,
+                poll: Duration::from_millis(500),
+                settle: Duration::from_secs(3),
+                lead_timeout,
+            };
+            ops::close(&ordered, &opts, &mut out).await?;
+        }
+        WindowCommand::Status { name, output } => {
+            let views = ops::status(&clusters, name.as_deref(), &own_deployment).await?;
+            match output {
+                Output::Table => print!("{}", ops::render_table(&views)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
+    use handoff::resources::move_window::MoveRole;
+    use handoff::window::{self, Cluster, move_plan::ClusterctlFlags};
+    let (source, source_server, source_ns) =
+        client_and_namespace(a.kubeconfig.as_deref(), a.kubeconfig_context.as_deref())
+            .await
+            .context("--kubeconfig (the source)")?;
+    let (target, target_server, _) =
+        client_and_namespace(Some(&a.to_kubeconfig), a.to_kubeconfig_context.as_deref())
+            .await
+            .context("--to-kubeconfig (the target)")?;
+    // The proof that a Scale-stopped source controller is stopped is its pods gone: a move
+    // never skips it.
+    if a.wait_timeout.is_zero() {
+        anyhow::bail!(
+            "--wait-timeout must be more than 0 for a move: the source's pinned controllers must be proven gone before clusterctl copies"
+        );
+    }
+    let namespace = a.namespace.unwrap_or(source_ns);
+    let name = a.window.unwrap_or_else(|| format!("move-{namespace}"));
+    let opts = window::MoveOptions {
+        window: name.clone(),
+        flags: ClusterctlFlags {
+            kubeconfig: a.kubeconfig,
+            kubeconfig_context: a.kubeconfig_context,
+            to_kubeconfig: a.to_kubeconfig,
+            to_kubeconfig_context: a.to_kubeconfig_context,
+            namespace,
+            dry_run: a.dry_run,
+        },
+        clusterctl: a.clusterctl,
+        abort: a.abort,
+        open: window::OpenOptions {
+            name: name.clone(),
+            selector: None,
+            reason: None,
+            allow_webhook_outage: a.allow_webhook_outage,
+            wait_timeout: a.wait_timeout,
+            poll: Duration::from_secs(2),
+            own: a.own_deployment,
+            stop: a.stop.map(Into::into),
+        },
+        close: window::CloseOptions {
+            name,
+            restore_timeout: a.restore_timeout,
+            poll: Duration::from_millis(500),
+            settle: Duration::from_secs(3),
+            lead_timeout: a.lead_timeout,
+        },
+        poll: Duration::from_secs(1),
+    };
+    let source = Cluster {
+        label: "source".into(),
+        client: source,
+        role: Some(MoveRole::Source),
+    };
+    let target = Cluster {
+        label: "target".into(),
+        client: target,
+        role: Some(MoveRole::Target),
+    };
+    let mut err = std::io::stderr();
+    window::move_run(&source, &target, &opts, &mut err)
+        .await
+        .map_err(|e| {
+            let server = match &e {
+                window::WindowError::Api { cluster, .. } if cluster == "source" => {
+                    Some(format!("API server {source_server} (source)"))
+                }
+                window::WindowError::Api { cluster, .. } if cluster == "target" => {
+                    Some(format!("API server {target_server} (target)"))
+                }
+                _ => None,
+            };
+            let e = anyhow::Error::new(e);
+            match server {
+                Some(s) => e.context(s),
+                None => e,
+            }
+        })
+}
