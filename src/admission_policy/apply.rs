@@ -13,9 +13,9 @@ use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
 use serde_json::Value;
 
 use super::*;
+use crate::resources::move_window::{MoveWindow, default_deployment_selector};
 use crate::rules::identity::Located;
 use crate::rules::sync_finalizer::NamespaceMeta;
-use crate::resources::move_window::{MoveWindow, default_deployment_selector};
 
 const GROUP_VERSION: &str = "admissionregistration.k8s.io/v1";
 

@@ -1,10 +1,13 @@
 //! The MoveWindow custom resource (`movewindows.handoff.dev/v1alpha1`, cluster-scoped).
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+// The default is a rule's fact (what a window selects when it says nothing), so it lives with
+// the rules; re-exported here, where the window's type is.
+pub use crate::rules::selector::default_deployment_selector;
 use crate::rules::selector::{Selector, SelectorError};
 
 /// While `spec.state` is `Open`, every selected controller Deployment is stopped: its
@@ -203,27 +206,6 @@ pub struct HeldLease {
     pub leads_again: Option<String>,
 }
 
-/// The Cluster API provider controllers (DESIGN §1.2).
-pub fn default_deployment_selector() -> LabelSelector {
-    let req = |key: &str, operator: &str, values: Option<Vec<String>>| LabelSelectorRequirement {
-        key: key.to_string(),
-        operator: operator.to_string(),
-        values,
-    };
-    LabelSelector {
-        match_labels: None,
-        match_expressions: Some(vec![
-            req("clusterctl.cluster.x-k8s.io", "Exists", None),
-            req("cluster.x-k8s.io/provider", "Exists", None),
-            req(
-                "clusterctl.cluster.x-k8s.io/core",
-                "NotIn",
-                Some(vec!["cert-manager".into(), "inventory".into()]),
-            ),
-        ]),
-    }
-}
-
 impl MoveWindowSpec {
     pub fn is_open(&self) -> bool {
         self.state == WindowState::Open
@@ -231,8 +213,7 @@ impl MoveWindowSpec {
 
     /// The Cluster API default, compiled.
     pub fn default_selector() -> Selector {
-        Selector::from_label_selector(&default_deployment_selector())
-            .expect("the default selector is valid")
+        crate::rules::selector::default_selector().clone()
     }
 
     /// The selector in force: the spec's, or the Cluster API default when it is empty.

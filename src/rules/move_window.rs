@@ -105,7 +105,9 @@ impl Doubt<'_> {
     fn could_select(&self) -> impl Iterator<Item = (String, &Selector)> {
         std::iter::once((
             "the Cluster API default selector".to_string(),
-            default_selector(),
+            // Cluster API's provider controllers: what a window handoff cannot see would most
+            // likely pin.
+            crate::rules::selector::default_selector(),
         ))
         .chain(self.last_known.iter().map(|w| {
             (
@@ -114,13 +116,6 @@ impl Doubt<'_> {
             )
         }))
     }
-}
-
-/// Cluster API's provider controllers: what a window handoff cannot see would most likely pin.
-fn default_selector() -> &'static Selector {
-    static DEFAULT: std::sync::LazyLock<Selector> =
-        std::sync::LazyLock::new(crate::resources::move_window::MoveWindowSpec::default_selector);
-    &DEFAULT
 }
 
 /// What handoff knows of the MoveWindows when a write arrives (DESIGN §1.3).
@@ -588,7 +583,7 @@ fn pin_scale(
 mod tests {
     use super::*;
     use crate::admission::{ObjectMetaView, SpecView};
-    use crate::resources::move_window::default_deployment_selector;
+    use crate::rules::selector::default_deployment_selector;
 
     fn capi_labels() -> BTreeMap<String, String> {
         [
@@ -1078,10 +1073,8 @@ mod tests {
         let app: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
         let special: BTreeMap<String, String> = [("app".to_string(), "special".to_string())].into();
         let selector = |s: &str| {
-            Selector::from_label_selector(
-                &crate::rules::selector::parse_label_selector(s).unwrap(),
-            )
-            .unwrap()
+            Selector::from_label_selector(&crate::rules::selector::parse_label_selector(s).unwrap())
+                .unwrap()
         };
         // As the cache holds them: a window last seen open, and one open with a selector that
         // does not parse.

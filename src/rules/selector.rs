@@ -5,6 +5,37 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
+/// The Cluster API provider controllers (DESIGN §1.2): what a MoveWindow selects when its
+/// selector is empty.
+pub fn default_deployment_selector() -> LabelSelector {
+    let req = |key: &str, operator: &str, values: Option<Vec<String>>| LabelSelectorRequirement {
+        key: key.to_string(),
+        operator: operator.to_string(),
+        values,
+    };
+    LabelSelector {
+        match_labels: None,
+        match_expressions: Some(vec![
+            req("clusterctl.cluster.x-k8s.io", "Exists", None),
+            req("cluster.x-k8s.io/provider", "Exists", None),
+            req(
+                "clusterctl.cluster.x-k8s.io/core",
+                "NotIn",
+                Some(vec!["cert-manager".into(), "inventory".into()]),
+            ),
+        ]),
+    }
+}
+
+/// The same, compiled once.
+pub fn default_selector() -> &'static Selector {
+    static DEFAULT: std::sync::LazyLock<Selector> = std::sync::LazyLock::new(|| {
+        Selector::from_label_selector(&default_deployment_selector())
+            .expect("the default selector is valid")
+    });
+    &DEFAULT
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requirement {
     Equals(String, String),

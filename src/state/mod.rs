@@ -17,10 +17,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 
+use crate::resources::move_window::MoveWindow;
 use crate::rules::identity::Identities;
 use crate::rules::move_window::{OwnDeployment, ParentDeployment, Unseen};
 use crate::rules::sync_finalizer::{KcpState, NamespaceMeta, NamespaceState};
-use crate::resources::move_window::MoveWindow;
 use namespaces::{CacheEntry, NamespaceCache};
 use windows::{DeploymentCache, DeploymentMeta, WindowCache};
 

@@ -20,12 +20,12 @@ use super::common::{
 use super::lease;
 use super::plan::{self, LeaseSeen, PinPlan, StopChoice};
 use super::preflight::{Finding, preflight};
-use crate::rules::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
-use crate::rules::selector::Selector;
 use crate::resources::move_window::{
     HeldLease, MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, StopPolicy,
     Strategy, WindowState,
 };
+use crate::rules::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
+use crate::rules::selector::Selector;
 
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
