@@ -1,4 +1,5 @@
-//! Records the git commit the binary is built from, for `handoff --version`.
+//! Records the git commit the binary is built from, for `handoff --version`, and whether the
+//! tests can start a real API server.
 //!
 //! `HANDOFF_GIT_COMMIT` wins when set (the container build has no `.git`); otherwise
 //! `git rev-parse --short HEAD`, and "unknown" when there is no git or no repository. The
@@ -29,6 +30,22 @@ fn main() {
         }
     };
     println!("cargo:rustc-env=HANDOFF_GIT_COMMIT={commit}");
+    api_server_cfg();
+}
+
+/// `cfg(apiserver)` when the tests can start etcd and kube-apiserver (`KUBEBUILDER_ASSETS`), or
+/// must (`HANDOFF_REQUIRE_APISERVER=1`, where a missing binary then fails them). Without it the
+/// tests that need one are `#[ignore]`d with the command that runs them, so a local
+/// `cargo test` reports them as ignored rather than as passed.
+fn api_server_cfg() {
+    println!("cargo::rustc-check-cfg=cfg(apiserver)");
+    println!("cargo:rerun-if-env-changed=KUBEBUILDER_ASSETS");
+    println!("cargo:rerun-if-env-changed=HANDOFF_REQUIRE_APISERVER");
+    let assets = std::env::var_os("KUBEBUILDER_ASSETS").is_some_and(|v| !v.is_empty());
+    let required = std::env::var("HANDOFF_REQUIRE_APISERVER").is_ok_and(|v| v == "1");
+    if assets || required {
+        println!("cargo:rustc-cfg=apiserver");
+    }
 }
 
 /// `HEAD` (which moves on checkout), the branch ref it names (which moves on commit) and

@@ -612,6 +612,10 @@ fn late_scale(api: &ApiServer) -> (i64, Option<String>) {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn the_webhook_and_the_admission_policies_give_the_same_answers() {
     if skip() {
         return;
@@ -810,6 +814,10 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
 /// `handoff serve` keeps the parameter current: a sync target that appears after `policy
 /// install` is published, and stays held by the policy once no replica runs.
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn serve_publishes_new_sync_targets_and_the_policy_holds_them_without_it() {
     if skip() {
         return;

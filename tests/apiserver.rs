@@ -111,6 +111,10 @@ fn assert_held(api: &ApiServer, args: &[&str], ns: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn a_sync_targets_deletes_are_held_in_its_namespace_and_nobody_elses() {
     if skip() {
         return;
@@ -184,6 +188,10 @@ fn a_sync_targets_deletes_are_held_in_its_namespace_and_nobody_elses() {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn a_hold_for_another_sync_target_or_no_hold_lets_the_syncer_delete() {
     if skip() {
         return;
@@ -201,6 +209,10 @@ fn a_hold_for_another_sync_target_or_no_hold_lets_the_syncer_delete() {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn a_namespace_created_a_moment_before_the_delete_is_held() {
     if skip() {
         return;
@@ -240,6 +252,10 @@ fn metric(handoff: &Handoff, name: &str) -> Option<f64> {
 static WINDOWS: Mutex<()> = Mutex::new(());
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
     if skip() {
         return;
@@ -465,6 +481,10 @@ fn an_open_window_pins_creates_applies_and_scales_and_close_restores() {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn the_watch_lists_again_after_the_api_server_restarts() {
     if skip() {
         return;
@@ -515,6 +535,10 @@ fn the_watch_lists_again_after_the_api_server_restarts() {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn without_rights_to_movewindows_the_guard_still_holds_and_apps_scale() {
     if skip() {
         return;
@@ -556,6 +580,10 @@ fn without_rights_to_movewindows_the_guard_still_holds_and_apps_scale() {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn a_crd_installed_after_start_up_is_picked_up() {
     if skip() {
         return;
@@ -626,6 +654,10 @@ fn a_crd_installed_after_start_up_is_picked_up() {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn a_silently_dead_watch_never_lets_a_sync_target_delete_under_a_hold_it_missed() {
     if skip() {
         return;
@@ -679,6 +711,10 @@ fn a_silently_dead_watch_never_lets_a_sync_target_delete_under_a_hold_it_missed(
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn a_guard_only_replica_needs_and_watches_nothing_of_the_pin() {
     if skip() {
         return;
@@ -709,6 +745,10 @@ fn a_guard_only_replica_needs_and_watches_nothing_of_the_pin() {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn warn_audit_and_break_glass_as_users_meet_them_and_back_to_enforce_without_a_restart() {
     if skip() {
         return;

@@ -25,6 +25,10 @@ use support::shipped::{NAMESPACE, Shipped, get_json};
 const ROLLOUT_WITHIN: Duration = Duration::from_secs(120);
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn deployed_as_shipped() {
     if support::apiserver::skip() || !support::netns::in_own_netns("deployed_as_shipped") {
         return;

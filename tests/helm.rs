@@ -560,6 +560,10 @@ fn copy_dir(from: &Path, to: &Path) {
 /// Install, upgrades through every overlay's settings and changed values, the way back, and
 /// uninstall, by the Helm engine against a real API server.
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
     let Some(python) = helm_python() else {
         return;

@@ -69,6 +69,10 @@ fn managers(api: &ApiServer, ns: &str) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn a_hold_set_in_kcp_holds_the_sync_target_is_mirrored_lifts_there_and_kcp_down_denies_only_it() {
     if skip() {
         return;

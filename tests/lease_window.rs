@@ -49,6 +49,10 @@ fn management_cluster(label: &'static str, capi_ip: [u8; 4], with_capd: bool) ->
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
     if skip()
         || !support::netns::in_own_netns(

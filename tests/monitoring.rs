@@ -290,6 +290,10 @@ fn promtool_checks_and_tests_the_rules_and_parses_the_dashboard() {
 /// `kubectl apply -k manifests/overlays/monitoring` on a real API server with the
 /// prometheus-operator CRDs (a minimal copy: the two kinds, any fields).
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn the_monitoring_overlay_applies() {
     if skip() {
         return;

@@ -205,6 +205,10 @@ fn stopped(m: &Mgmt, window: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     if skip()
         || !support::netns::in_own_netns(

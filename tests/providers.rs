@@ -18,6 +18,10 @@ const WAIT: Duration = Duration::from_secs(90);
 const WEBHOOK: &str = "validation.cluster.cluster.x-k8s.io";
 
 #[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 fn provider_replicas_lead_reconcile_and_serve_a_fail_closed_webhook_through_their_service() {
     if skip()
         || !support::netns::in_own_netns(

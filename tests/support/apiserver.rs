@@ -2,8 +2,10 @@
 //!
 //! `KUBEBUILDER_ASSETS` names the folder holding `etcd` and `kube-apiserver` (controller-runtime's
 //! envtest layout; `../shared/envtest/assets.sh` prints one, `setup-envtest` makes another).
-//! Without it the tests that need an API server print one line saying how to get the binaries
-//! and return; with `HANDOFF_REQUIRE_APISERVER=1` a missing binary fails them instead (CI).
+//! Without it the tests that need an API server are `#[ignore]`d at build time (`build.rs`'s
+//! `cfg(apiserver)`), so `cargo test` reports them as ignored with the command that runs them;
+//! a folder that lacks a binary makes them print one line and return; with
+//! `HANDOFF_REQUIRE_APISERVER=1` a missing binary fails them instead (CI).
 //!
 //! Every process the harness starts (etcd, kube-apiserver, `handoff serve`) is spawned from one
 //! thread that lives as long as the test binary, with `PR_SET_PDEATHSIG`: whatever way the
