@@ -3,15 +3,18 @@
 //! and the admission handler), `listener` (TLS, HTTP/2 or HTTP/1.1, and the drain on SIGTERM),
 //! `tls` (certificates and their reload), `metrics`.
 
+mod admit;
+mod body;
 mod listener;
 pub mod metrics;
 mod serve;
 mod stack;
 pub mod tls;
 
+pub use body::{parse_go_duration, request_timeout};
 pub use listener::{run, run_plain};
 pub use serve::{Options, Server};
-pub use stack::{parse_go_duration, request_timeout, webhook_routes, with_stack};
+pub use stack::router;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -171,11 +171,7 @@ impl Server {
             tokio::time::sleep(drain_delay).await;
             let _ = stop_tx.send(true);
         };
-        let routes = match opts.extra_routes {
-            Some(extra) => super::webhook_routes().merge(extra),
-            None => super::webhook_routes(),
-        };
-        let service = super::with_stack(routes, app.clone());
+        let service = super::router(app.clone(), opts.extra_routes);
         super::run(
             listener,
             tls,

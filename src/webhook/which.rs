@@ -18,6 +18,25 @@ pub enum Webhook {
 }
 
 impl Webhook {
+    pub const ALL: [Webhook; 3] = [
+        Webhook::SyncFinalizer,
+        Webhook::MoveWindow,
+        Webhook::LeaseHold,
+    ];
+
+    /// Where it is served.
+    pub fn path(self) -> &'static str {
+        match self {
+            Webhook::SyncFinalizer => "/validate/sync-finalizer",
+            Webhook::MoveWindow => "/mutate/move-window",
+            Webhook::LeaseHold => "/validate/lease-hold",
+        }
+    }
+
+    pub fn from_path(path: &str) -> Option<Webhook> {
+        Webhook::ALL.into_iter().find(|w| w.path() == path)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Webhook::SyncFinalizer => "sync-finalizer",
