@@ -419,6 +419,23 @@ impl ApiServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The project's MoveWindow CRD (`manifests/base/movewindow-crd.yaml`), Established.
+    pub fn install_crd(&self) {
+        let crd = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base/movewindow-crd.yaml"),
+        )
+        .expect("movewindow-crd.yaml");
+        self.apply(&crd);
+        self.ok(
+            ADMIN,
+            &[
+                "wait",
+                "--for=condition=Established",
+                "crd/movewindows.handoff.dev",
+            ],
+        );
+    }
+
     /// A kube-rs client as the admin. Build one per test: a client belongs to the runtime that
     /// made it.
     pub async fn client(&self) -> kube::Client {
