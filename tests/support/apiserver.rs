@@ -363,7 +363,13 @@ impl ApiServer {
                 url,
                 self.token(user)
             );
-            write(self.dir.path(), &file, &text);
+            // Written aside and renamed: every kubectl call rewrites it, and a reader on another
+            // thread (a proxy starting, a client being built) must never see half a file.
+            static N: AtomicU64 = AtomicU64::new(0);
+            let aside = format!("{file}.{}", N.fetch_add(1, Ordering::SeqCst));
+            write(self.dir.path(), &aside, &text);
+            std::fs::rename(self.dir.path().join(&aside), &path)
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
         }
         path
     }

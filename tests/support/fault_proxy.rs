@@ -18,8 +18,10 @@
 //!
 //! It speaks plain HTTP/1.1 to handoff on loopback (the kubeconfig it writes carries a token it
 //! ignores) and forwards over HTTPS as the API server's admin, streaming bodies so that watches
-//! work. The clients it hands out have kube's retry of 503s switched off: kube would retry for
-//! minutes, and "unavailable" must show at once, as it does to handoff with its own deadline.
+//! work. The clients it hands out have kube's retry of 503s switched off: kube would retry a 503
+//! for minutes and hide the outage a test makes. The `handoff` binary, given `kubeconfig`, keeps
+//! kube's defaults. Every request reaches the server as the admin: the proxy is not where RBAC
+//! is tested (`tests/apiserver.rs` is).
 #![allow(dead_code)]
 
 use std::convert::Infallible;
@@ -67,7 +69,7 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// In front of `api`, on a free loopback port, forwarding as its admin.
     pub fn start(api: &ApiServer) -> FaultProxy {
-        // Parsed here: the file is rewritten by every kubectl call the test makes.
+        // Parsed now, on the caller's thread: the test's own kubectl calls rewrite the file.
         let kubeconfig =
             kube::config::Kubeconfig::read_from(api.kubeconfig(ADMIN)).expect("admin kubeconfig");
         let listener =
