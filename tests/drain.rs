@@ -1,5 +1,6 @@
 //! The real binary against a (slow) cluster: SIGTERM under load answers every accepted request,
-//! readiness fails first, the process exits 0, and every decision was logged as JSON.
+//! readiness fails first, the process exits 0, and every decision was logged as JSON. The
+//! cluster is a real kube-apiserver; the fault proxy in front of it makes it slow on cue.
 
 mod support;
 
@@ -8,8 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use handoff::certs::Ca;
-use serde_json::json;
-use support::fake_api::FakeApi;
+use support::apiserver::skip;
+use support::fault_proxy::start_with_crd;
 use support::https::{Client, Proto, fixture};
 
 fn free_port() -> u16 {
@@ -36,18 +37,12 @@ fn plain_get(port: u16, path: &str) -> Option<u16> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_answers_every_accepted_request() {
-    let fake = FakeApi::start().await;
-    fake.put(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "capi-system"}}));
+    if skip() {
+        return;
+    }
+    let (_api, proxy) = start_with_crd().await;
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    cluster: fake\n    user: u\ncurrent-context: c\n",
-            fake.url()
-        ),
-    )
-    .unwrap();
+    let kubeconfig = proxy.kubeconfig(dir.path());
     let ca = Ca::new("drain CA", 1).unwrap();
     let (cert, key) = ca
         .serving_cert(&["localhost".into()], &["127.0.0.1".parse().unwrap()], 1)
@@ -103,13 +98,13 @@ async fn sigterm_under_load_answers_every_accepted_request() {
             "never ready: {:?} {exited:?}\n{}\nAPI requests: {:?}",
             plain_get(metrics_port, "/readyz"),
             log.join().unwrap(),
-            fake.requests()
+            proxy.requests()
         );
     }
 
     // Every decision waits 2 s on the API server (cache misses): far longer than the drain
     // delay, so the listener closes while all of them are in flight.
-    fake.set_latency(Duration::from_millis(2000));
+    proxy.set_latency(Duration::from_millis(2000));
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut inflight = Vec::new();
     for i in 0..16 {

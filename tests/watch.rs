@@ -1,7 +1,8 @@
-//! The watch path where the API server must misbehave on cue: an in-process API server that
-//! speaks the real list/watch protocol and can count requests, stop answering or fail. What a
-//! real API server can show (holds added and lifted, windows opening and closing, a restart,
-//! RBAC, a CRD installed late, a dead connection) is in `tests/apiserver.rs`.
+//! The watch path where the API server must misbehave on cue: a real kube-apiserver behind the
+//! fault proxy (`tests/support/fault_proxy.rs`), which counts handoff's requests, answers slowly
+//! or is unavailable on cue. What a real API server shows by itself (holds added and lifted,
+//! windows opening and closing, a restart, RBAC, a CRD installed late, a dead connection) is in
+//! `tests/apiserver.rs`.
 
 mod support;
 
@@ -9,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use handoff::state::State;
-use serde_json::json;
-use support::fake_api::FakeApi;
+use support::apiserver::{ApiServer, skip};
+use support::fault_proxy::{FaultProxy, start_with_crd};
 use support::https::{Options, Proto, TestServer, fixture};
 
 const GUARD: &str = "/validate/sync-finalizer?timeout=10s";
@@ -19,12 +20,29 @@ const NS: &str = "kcp-33jbiactwhg0";
 const LOCATOR: &str = r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root:org:ws","namespace":"test"}"#;
 const FINALIZER: &str = "finalizers.workload.kcp.io/6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g";
 
-fn namespace(name: &str, held: bool) -> serde_json::Value {
-    let mut ann = json!({ "kcp.io/namespace-locator": LOCATOR });
-    if held {
-        ann[FINALIZER] = "glbc-migration".into();
-    }
-    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "annotations": ann}})
+/// Create or update a located namespace, held for the sync target or not (as the admin,
+/// straight to the API server: not in the proxy's log).
+fn namespace(api: &ApiServer, name: &str, held: bool) {
+    let hold = match held {
+        true => format!("\n    {FINALIZER}: glbc-migration"),
+        false => String::new(),
+    };
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  annotations:\n    kcp.io/namespace-locator: '{LOCATOR}'{hold}\n"
+    ));
+}
+
+/// An API server with `ns` located (and held or not), and the proxy in front of it.
+async fn cluster(ns: &str, held: bool) -> (ApiServer, FaultProxy) {
+    let (api, proxy) = start_with_crd().await;
+    let ns = ns.to_string();
+    let api = tokio::task::spawn_blocking(move || {
+        namespace(&api, &ns, held);
+        api
+    })
+    .await
+    .unwrap();
+    (api, proxy)
 }
 
 /// Poll `check` for up to 10 s; the watch delivers within milliseconds, the margin is for
@@ -52,15 +70,18 @@ async fn allowed(server: &TestServer, path: &str, body: &[u8]) -> serde_json::Va
 
 #[tokio::test]
 async fn a_cache_miss_is_fetched_once_and_an_unreachable_api_fails_closed() {
-    let fake = FakeApi::start().await;
-    fake.put(namespace("kcp-fresh", true));
+    if skip() {
+        return;
+    }
+    let (_api, proxy) = cluster("kcp-fresh", true).await;
     // No watches: every namespace is a cache miss.
     let mut state = State::new(Default::default());
-    state.client = Some(fake.client());
+    state.client = Some(proxy.client());
     state.api_timeout = Duration::from_secs(2);
     let state = Arc::new(state);
     let gets = || {
-        fake.requests()
+        proxy
+            .requests()
             .iter()
             .filter(|r| r.starts_with("GET /api/v1/namespaces/kcp-fresh"))
             .count()
@@ -75,7 +96,7 @@ async fn a_cache_miss_is_fetched_once_and_an_unreachable_api_fails_closed() {
 
     // The API server goes away: a syncer's delete in an unknown namespace is denied with the
     // reason, anyone else's passes without a lookup.
-    fake.set_unavailable(true);
+    proxy.set_unavailable(true);
     let server = TestServer::start_with(state.clone(), Options::default()).await;
     let mut review: serde_json::Value =
         serde_json::from_slice(&fixture("delete-configmap-by-syncer.json")).unwrap();
@@ -97,14 +118,16 @@ async fn a_cache_miss_is_fetched_once_and_an_unreachable_api_fails_closed() {
 
 #[tokio::test]
 async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
-    let fake = FakeApi::start().await;
-    fake.put(namespace(NS, false));
+    if skip() {
+        return;
+    }
+    let (_api, proxy) = cluster(NS, false).await;
     let mut state = State::new(Default::default());
-    state.client = Some(fake.client());
+    state.client = Some(proxy.client());
     state.api_timeout = Duration::from_secs(1);
     state.stale_after = Duration::from_millis(300);
     let state = Arc::new(state);
-    handoff::state::cluster::spawn_watches(fake.client(), state.clone());
+    handoff::state::cluster::spawn_watches(proxy.client(), state.clone());
     eventually("caches synced", || async { state.is_synced() }).await;
     let server = TestServer::start_with(state.clone(), Options::default()).await;
     let delete = fixture("delete-configmap-by-syncer.json");
@@ -112,7 +135,7 @@ async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
 
     // The API server goes away: the cache still says "not held", but after stale_after it is
     // no longer trusted.
-    fake.set_unavailable(true);
+    proxy.set_unavailable(true);
     eventually("the cache to go stale", || async {
         state.readiness().is_err()
     })
@@ -137,7 +160,7 @@ async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
     let r = allowed(&server, GUARD, &fixture("delete-secret-by-admin.json")).await;
     assert_eq!(r["allowed"], true);
 
-    fake.set_unavailable(false);
+    proxy.set_unavailable(false);
     eventually("the watches to recover", || async {
         state.readiness().is_ok()
     })
@@ -147,13 +170,15 @@ async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
 }
 
 /// On a view the watch has not proven current, concurrent deletes of the sync target in one
-/// namespace share a single read (the fake answers slowly on cue), and a failed read denies.
+/// namespace share a single read (the proxy answers slowly on cue), and a failed read denies.
 #[tokio::test]
 async fn an_unproven_view_is_read_once_per_namespace_however_many_deletes_wait() {
-    let fake = FakeApi::start().await;
-    fake.put(namespace(NS, false));
+    if skip() {
+        return;
+    }
+    let (api, proxy) = cluster(NS, false).await;
     let mut state = State::new(Default::default());
-    state.client = Some(fake.client());
+    state.client = Some(proxy.client());
     state.max_staleness = Duration::ZERO;
     // Cached as "not held", by a watch that has gone quiet.
     state.namespaces.replace_all([(
@@ -165,11 +190,17 @@ async fn an_unproven_view_is_read_once_per_namespace_however_many_deletes_wait()
     )]);
     let state = Arc::new(state);
     // The hold the quiet watch never delivered.
-    fake.put(namespace(NS, true));
-    fake.set_latency(Duration::from_millis(300));
+    let _api = tokio::task::spawn_blocking(move || {
+        namespace(&api, NS, true);
+        api
+    })
+    .await
+    .unwrap();
+    proxy.set_latency(Duration::from_millis(300));
     let server = TestServer::start_with(state.clone(), Options::default()).await;
     let reads = || {
-        fake.requests()
+        proxy
+            .requests()
             .iter()
             .filter(|r| r.starts_with(&format!("GET /api/v1/namespaces/{NS}")))
             .count()
@@ -182,8 +213,8 @@ async fn an_unproven_view_is_read_once_per_namespace_however_many_deletes_wait()
     assert_eq!(reads(), 1, "one read for eight concurrent deletes");
 
     // The API server stops answering: the delete is denied with both reasons.
-    fake.set_latency(Duration::ZERO);
-    fake.set_unavailable(true);
+    proxy.set_latency(Duration::ZERO);
+    proxy.set_unavailable(true);
     let r = allowed(&server, GUARD, &delete).await;
     assert_eq!(r["allowed"], false);
     let msg = r["status"]["message"].as_str().unwrap();
@@ -192,9 +223,9 @@ async fn an_unproven_view_is_read_once_per_namespace_however_many_deletes_wait()
         "{msg}"
     );
     // An admin is decided without any read.
-    let before = fake.requests().len();
+    let before = proxy.requests().len();
     let r = allowed(&server, GUARD, &fixture("delete-secret-by-admin.json")).await;
     assert_eq!(r["allowed"], true);
-    assert_eq!(fake.requests().len(), before);
+    assert_eq!(proxy.requests().len(), before);
     server.stop().await;
 }

@@ -1,4 +1,8 @@
-//! `handoff window` against two in-process API servers (source and target of a move).
+//! `handoff window` against real kube-apiservers (the source and the target of a move), each
+//! behind the fault proxy (`tests/support/fault_proxy.rs`) through which the commands reach it:
+//! its log orders and counts their writes, and it refuses writes after the N-th on cue (a run
+//! killed after any step). Seeding and reading back go straight to the API server, out of that
+//! log. envtest runs no controller-manager: a loop here stands in for the Deployment controller.
 
 mod support;
 
@@ -8,10 +12,24 @@ use std::time::Duration;
 use handoff::resources::move_window::MoveRole;
 use handoff::rules::move_window::OwnDeployment;
 use handoff::window::{self as ops, CloseOptions, Cluster, OpenOptions, WindowError};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
 use serde_json::{Value, json};
-use support::fake_api::FakeApi;
+use support::apiserver::{ADMIN, ApiServer, Handoff, skip};
+use support::fault_proxy::FaultProxy;
 
 const SAVED: &str = "handoff.dev/replicas-before-move";
+const NAMESPACES: [&str; 5] = [
+    "capi-system",
+    "capi-kubeadm-bootstrap-system",
+    "cert-manager",
+    "handoff-system",
+    "web",
+];
 
 fn deployment(ns: &str, name: &str, replicas: i64, labels: Value) -> Value {
     json!({
@@ -30,18 +48,147 @@ fn capi(provider: &str) -> Value {
     json!({"cluster.x-k8s.io/provider": provider, "clusterctl.cluster.x-k8s.io": ""})
 }
 
-/// A management cluster: two provider controllers with running pods, cert-manager (never
-/// selected), handoff itself (labelled like a provider, never pinned) and an unrelated app.
-fn seed(fake: &FakeApi) {
-    for ns in [
-        "capi-system",
-        "capi-kubeadm-bootstrap-system",
-        "cert-manager",
-        "handoff-system",
-        "web",
-    ] {
-        fake.put(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+/// One cluster: a real API server, the proxy the commands go through, the admin's client
+/// straight to the server, and (where a test needs the pin in the API server) `handoff serve`
+/// registered as its mutating webhook.
+struct Env {
+    api: ApiServer,
+    proxy: FaultProxy,
+    admin: kube::Client,
+    _handoff: Option<Handoff>,
+    /// Held by the Deployment controller's stand-in for each pass, and by `reset`.
+    controller_lock: Arc<tokio::sync::Mutex<()>>,
+    controller: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(c) = self.controller.take() {
+            c.abort();
+        }
     }
+}
+
+/// A new cluster with the MoveWindow CRD; with `pin`, handoff registered with the project's
+/// `local` overlay (the CRD and both webhook configurations), serving as the admin.
+async fn env(pin: bool) -> Env {
+    let (api, proxy, handoff) = tokio::task::spawn_blocking(move || {
+        let api = ApiServer::start();
+        let handoff = pin.then(|| {
+            let h = Handoff::start(&api, ADMIN, &[]);
+            h.register(&api);
+            h
+        });
+        api.install_crd();
+        let handoff = handoff.map(|mut h| {
+            h.wait_ready();
+            h
+        });
+        let proxy = FaultProxy::start(&api);
+        (api, proxy, handoff)
+    })
+    .await
+    .expect("cluster start");
+    let admin = api.client().await;
+    Env {
+        api,
+        proxy,
+        admin,
+        _handoff: handoff,
+        controller_lock: Arc::new(tokio::sync::Mutex::new(())),
+        controller: None,
+    }
+}
+
+/// The API resource of `api_version`/`kind` and whether it is namespaced.
+fn resource(api_version: &str, kind: &str) -> (ApiResource, bool) {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let (plural, namespaced) = match kind {
+        "Namespace" => ("namespaces", false),
+        "Pod" => ("pods", true),
+        "Service" => ("services", true),
+        "Deployment" => ("deployments", true),
+        "ValidatingWebhookConfiguration" => ("validatingwebhookconfigurations", false),
+        "MutatingWebhookConfiguration" => ("mutatingwebhookconfigurations", false),
+        "CustomResourceDefinition" => ("customresourcedefinitions", false),
+        "MoveWindow" => ("movewindows", false),
+        other => panic!("no plural for {other}"),
+    };
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    (ApiResource::from_gvk_with_plural(&gvk, plural), namespaced)
+}
+
+fn dynamic(
+    admin: &kube::Client,
+    api_version: &str,
+    kind: &str,
+    ns: Option<&str>,
+) -> Api<DynamicObject> {
+    let (ar, namespaced) = resource(api_version, kind);
+    match (namespaced, ns) {
+        (true, Some(ns)) => Api::namespaced_with(admin.clone(), ns, &ar),
+        _ => Api::all_with(admin.clone(), &ar),
+    }
+}
+
+/// Create or update `obj` as the admin (server-side apply), straight to the API server.
+async fn put(admin: &kube::Client, obj: Value) {
+    let api = dynamic(
+        admin,
+        obj["apiVersion"].as_str().expect("apiVersion"),
+        obj["kind"].as_str().expect("kind"),
+        obj["metadata"]["namespace"].as_str(),
+    );
+    let name = obj["metadata"]["name"].as_str().expect("name");
+    api.patch(
+        name,
+        &PatchParams::apply("window-test").force(),
+        &Patch::Apply(&obj),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("applying {obj}: {e}"));
+}
+
+async fn get(
+    admin: &kube::Client,
+    api_version: &str,
+    kind: &str,
+    ns: Option<&str>,
+    name: &str,
+) -> Option<Value> {
+    dynamic(admin, api_version, kind, ns)
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("reading {kind} {name}: {e}"))
+        .map(|o| serde_json::to_value(o).expect("json"))
+}
+
+/// Every object of a kind, across namespaces, in the API server's order (namespace, name).
+async fn list(admin: &kube::Client, api_version: &str, kind: &str) -> Vec<Value> {
+    dynamic(admin, api_version, kind, None)
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("listing {kind}: {e}"))
+        .items
+        .into_iter()
+        .map(|o| serde_json::to_value(o).expect("json"))
+        .collect()
+}
+
+/// A management cluster: two provider controllers with their pods, cert-manager (never
+/// selected), handoff itself (labelled like a provider, never pinned) and an unrelated app.
+async fn seed(e: &Env) {
+    for ns in NAMESPACES {
+        put(
+            &e.admin,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+    }
+    seed_workloads(e).await;
+}
+
+async fn seed_workloads(e: &Env) {
     let deployments = [
         (
             "capi-system",
@@ -65,44 +212,85 @@ fn seed(fake: &FakeApi) {
         ("web", "frontend", 4, json!({"app": "frontend"})),
     ];
     for (ns, name, replicas, labels) in deployments {
-        fake.put(deployment(ns, name, replicas, labels));
+        put(&e.admin, deployment(ns, name, replicas, labels)).await;
         for i in 0..replicas {
-            fake.put(json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("{name}-{i}"), "namespace": ns, "labels": {"app": name}}}));
+            put(&e.admin, json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("{name}-{i}"), "namespace": ns, "labels": {"app": name}},
+                "spec": {"containers": [{"name": "manager", "image": "x"}]}})).await;
         }
     }
 }
 
-/// Stands in for the Deployment controller: pods of a Deployment scaled to 0 go away.
-fn run_deployment_controller(fake: Arc<FakeApi>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+/// Back to the seeded cluster: no window, every Deployment and pod as `seed` made them (deleted
+/// and created again, so that nothing a run wrote survives).
+async fn reset(e: &Env) {
+    let _pause = e.controller_lock.lock().await;
+    let windows = dynamic(&e.admin, "handoff.dev/v1alpha1", "MoveWindow", None);
+    for w in list(&e.admin, "handoff.dev/v1alpha1", "MoveWindow").await {
+        windows
+            .delete(
+                w["metadata"]["name"].as_str().unwrap(),
+                &DeleteParams::default(),
+            )
+            .await
+            .expect("delete window");
+    }
+    for ns in NAMESPACES {
+        Api::<Deployment>::namespaced(e.admin.clone(), ns)
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .expect("delete deployments");
+        // Never scheduled: deleted at once.
+        Api::<Pod>::namespaced(e.admin.clone(), ns)
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .expect("delete pods");
+    }
+    seed_workloads(e).await;
+}
+
+/// Stands in for the Deployment controller (envtest has none): pods of a Deployment scaled to 0
+/// go away.
+fn run_deployment_controller(e: &mut Env) {
+    let (admin, lock) = (e.admin.clone(), e.controller_lock.clone());
+    e.controller = Some(tokio::spawn(async move {
         loop {
-            for d in fake.list("apps/v1", "Deployment") {
-                if d["spec"]["replicas"] != 0 {
-                    continue;
-                }
-                let ns = d["metadata"]["namespace"].as_str().unwrap_or_default();
-                let app = &d["spec"]["template"]["metadata"]["labels"]["app"];
-                for p in fake.list("v1", "Pod") {
-                    if p["metadata"]["namespace"] == ns && &p["metadata"]["labels"]["app"] == app {
-                        fake.remove(
-                            "v1",
-                            "Pod",
-                            Some(ns),
-                            p["metadata"]["name"].as_str().unwrap(),
-                        );
+            {
+                let _pass = lock.lock().await;
+                let deployments = Api::<Deployment>::all(admin.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default();
+                for d in deployments {
+                    let spec = d.spec.as_ref();
+                    if spec.and_then(|s| s.replicas) != Some(0) {
+                        continue;
                     }
+                    let ns = d.metadata.namespace.clone().unwrap_or_default();
+                    let Some(app) = spec
+                        .and_then(|s| s.selector.match_labels.as_ref())
+                        .and_then(|l| l.get("app"))
+                    else {
+                        continue;
+                    };
+                    let _ = Api::<Pod>::namespaced(admin.clone(), &ns)
+                        .delete_collection(
+                            &DeleteParams::default(),
+                            &ListParams::default().labels(&format!("app={app}")),
+                        )
+                        .await;
                 }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    })
+    }));
 }
 
-fn cluster(fake: &FakeApi, label: &str, role: Option<MoveRole>) -> Cluster {
+fn cluster(e: &Env, label: &str, role: Option<MoveRole>) -> Cluster {
     Cluster {
         label: label.into(),
-        client: fake.client(),
+        client: e.proxy.client(),
         role,
     }
 }
@@ -120,7 +308,7 @@ fn open_opts() -> OpenOptions {
         selector: None,
         reason: Some("clusterctl move".into()),
         allow_webhook_outage: false,
-        wait_timeout: Duration::from_secs(10),
+        wait_timeout: Duration::from_secs(20),
         poll: Duration::from_millis(20),
         own: own(),
         stop: None,
@@ -130,7 +318,7 @@ fn open_opts() -> OpenOptions {
 fn close_opts() -> CloseOptions {
     CloseOptions {
         name: "capi-move".into(),
-        restore_timeout: Duration::from_secs(5),
+        restore_timeout: Duration::from_secs(10),
         poll: Duration::from_millis(20),
         settle: Duration::from_millis(100),
         lead_timeout: Duration::from_secs(5),
@@ -138,9 +326,9 @@ fn close_opts() -> CloseOptions {
 }
 
 /// (replicas, saved annotation) of a Deployment.
-fn dep(fake: &FakeApi, ns: &str, name: &str) -> (i64, Option<String>) {
-    let d = fake
-        .get("apps/v1", "Deployment", Some(ns), name)
+async fn dep(e: &Env, ns: &str, name: &str) -> (i64, Option<String>) {
+    let d = get(&e.admin, "apps/v1", "Deployment", Some(ns), name)
+        .await
         .expect("deployment");
     (
         d["spec"]["replicas"].as_i64().unwrap_or(1),
@@ -150,10 +338,23 @@ fn dep(fake: &FakeApi, ns: &str, name: &str) -> (i64, Option<String>) {
     )
 }
 
-/// Everything the commands are responsible for, without timestamps.
-fn snapshot(fake: &FakeApi) -> Value {
-    let deployments: Vec<Value> = fake
-        .list("apps/v1", "Deployment")
+async fn window(e: &Env) -> Value {
+    get(
+        &e.admin,
+        "handoff.dev/v1alpha1",
+        "MoveWindow",
+        None,
+        "capi-move",
+    )
+    .await
+    .expect("MoveWindow capi-move")
+}
+
+/// Everything the commands are responsible for, without what the API server sets on its own
+/// (resourceVersion, uid, managedFields, timestamps, generation) or the commands' timestamps.
+async fn snapshot(e: &Env) -> Value {
+    let deployments: Vec<Value> = list(&e.admin, "apps/v1", "Deployment")
+        .await
         .into_iter()
         .map(|d| {
             json!([
@@ -164,8 +365,8 @@ fn snapshot(fake: &FakeApi) -> Value {
             ])
         })
         .collect();
-    let windows: Vec<Value> = fake
-        .list("handoff.dev/v1alpha1", "MoveWindow")
+    let windows: Vec<Value> = list(&e.admin, "handoff.dev/v1alpha1", "MoveWindow")
+        .await
         .into_iter()
         .map(|w| {
             let pinned: Vec<Value> = w["status"]["pinned"]
@@ -179,18 +380,55 @@ fn snapshot(fake: &FakeApi) -> Value {
                    "pinnedCount": w["status"]["pinnedCount"], "pinned": pinned, "lastStep": w["status"]["lastStep"]})
         })
         .collect();
-    let pods = fake.list("v1", "Pod").len();
+    let pods = list(&e.admin, "v1", "Pod").await.len();
     json!({"deployments": deployments, "windows": windows, "pods": pods})
+}
+
+/// `kubectl apply` of `obj` as the admin, as a GitOps sync would: `(succeeded, stderr)`.
+fn kubectl_apply(e: &Env, obj: &Value) -> (bool, String) {
+    let out = e
+        .api
+        .kubectl_stdin(ADMIN, &["apply", "-f", "-"], Some(&obj.to_string()));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Wait until handoff's watches have seen the window open: a server-side dry run of `obj`
+/// comes back pinned by the API server's call to handoff.
+async fn until_pinned_by_the_api_server(e: &Env, obj: &Value) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = e.api.kubectl_stdin(
+            ADMIN,
+            &["apply", "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&obj.to_string()),
+        );
+        let stored: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if stored["spec"]["replicas"] == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a dry run is still not pinned after 30 s: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
 async fn open_pins_saves_waits_and_a_later_update_is_pinned() {
-    let source = Arc::new(FakeApi::start().await);
-    let target = Arc::new(FakeApi::start().await);
-    seed(&source);
-    seed(&target);
-    let _c1 = run_deployment_controller(source.clone());
-    let _c2 = run_deployment_controller(target.clone());
+    if skip() {
+        return;
+    }
+    // The source has handoff registered: a later update is pinned by the API server itself.
+    let (mut source, mut target) = tokio::join!(env(true), env(false));
+    seed(&source).await;
+    seed(&target).await;
+    run_deployment_controller(&mut source);
+    run_deployment_controller(&mut target);
     let clusters = [
         cluster(&source, "source", Some(MoveRole::Source)),
         cluster(&target, "target", Some(MoveRole::Target)),
@@ -199,99 +437,95 @@ async fn open_pins_saves_waits_and_a_later_update_is_pinned() {
     ops::open(&clusters, &open_opts(), &mut out).await.unwrap();
     let log = String::from_utf8(out).unwrap();
 
-    for fake in [&source, &target] {
+    for e in [&source, &target] {
         assert_eq!(
-            dep(fake, "capi-system", "capi-controller-manager"),
+            dep(e, "capi-system", "capi-controller-manager").await,
             (0, Some("3".into()))
         );
         assert_eq!(
             dep(
-                fake,
+                e,
                 "capi-kubeadm-bootstrap-system",
                 "capi-kubeadm-bootstrap-controller-manager"
-            ),
+            )
+            .await,
             (0, Some("2".into()))
         );
         // Not selected, or handoff itself: untouched.
-        assert_eq!(dep(fake, "cert-manager", "cert-manager"), (1, None));
-        assert_eq!(dep(fake, "handoff-system", "handoff"), (3, None));
-        assert_eq!(dep(fake, "web", "frontend"), (4, None));
-        let pods: Vec<Value> = fake.list("v1", "Pod");
+        assert_eq!(dep(e, "cert-manager", "cert-manager").await, (1, None));
+        assert_eq!(dep(e, "handoff-system", "handoff").await, (3, None));
+        assert_eq!(dep(e, "web", "frontend").await, (4, None));
+        let pods = list(&e.admin, "v1", "Pod").await;
         assert!(
             pods.iter()
                 .all(|p| p["metadata"]["namespace"] != "capi-system"),
             "pods gone"
         );
-        let w = fake
-            .get("handoff.dev/v1alpha1", "MoveWindow", None, "capi-move")
-            .unwrap();
+        assert_eq!(pods.len(), 8, "the pods of what was not pinned stay");
+        let w = window(e).await;
         assert_eq!(w["spec"]["state"], "Open");
         assert_eq!(w["status"]["phase"], "Open");
         assert_eq!(w["status"]["pinnedCount"], 2);
         assert!(w["status"]["podsGoneAt"].is_string());
     }
-    let roles: Vec<Value> = [&source, &target]
-        .iter()
-        .map(|f| {
-            f.get("handoff.dev/v1alpha1", "MoveWindow", None, "capi-move")
-                .unwrap()["spec"]["role"]
-                .clone()
-        })
-        .collect();
-    assert_eq!(roles, vec![json!("source"), json!("target")]);
+    assert_eq!(window(&source).await["spec"]["role"], "source");
+    assert_eq!(window(&target).await["spec"]["role"], "target");
     assert!(
         log.contains("source: pinned capi-system/capi-controller-manager to 0 replicas (was 3)"),
         "{log}"
     );
 
-    // The webhook, fed by watches of the source cluster, pins a later update.
-    let mut state = handoff::state::State::new(Default::default());
-    state.client = Some(source.client());
-    let state = Arc::new(state);
-    handoff::state::cluster::spawn_watches(source.client(), state.clone());
-    for _ in 0..500 {
-        if state.is_synced() && !state.windows.open().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let server = support::https::TestServer::start_with(state, Default::default()).await;
-    let mut client = server.connect(support::https::Proto::H1).await;
-    let reply = client
-        .review(
-            "/mutate/move-window",
-            support::https::fixture("apply-deployment-client-side.json"),
-        )
-        .await;
-    let r = &reply.json()["response"];
-    assert_eq!(r["patchType"], "JSONPatch", "{r}");
-    assert!(
-        r["warnings"][0]
-            .as_str()
-            .unwrap()
-            .contains("MoveWindow \"capi-move\"")
-    );
-    server.stop().await;
-
     // Open again: nothing changes, nothing is written to Deployments.
-    let before = snapshot(&source);
-    let writes = source.writes().len();
+    let before = snapshot(&source).await;
+    let writes = source.proxy.writes().len();
     ops::open(&clusters, &open_opts(), &mut Vec::new())
         .await
         .unwrap();
-    assert_eq!(snapshot(&source), before);
-    let new: Vec<String> = source.writes()[writes..].to_vec();
+    assert_eq!(snapshot(&source).await, before);
+    let new: Vec<String> = source.proxy.writes()[writes..].to_vec();
+    assert!(!new.is_empty(), "the proxy logs the re-run's writes");
     assert!(new.iter().all(|w| !w.contains("/deployments/")), "{new:?}");
+
+    // A GitOps sync asks for 5: the API server calls handoff, whose watches saw the window
+    // open, and stores the Deployment pinned, the asked-for count saved, with the warning.
+    let mut asked = deployment(
+        "capi-system",
+        "capi-controller-manager",
+        5,
+        capi("cluster-api"),
+    );
+    asked["spec"]["template"]["spec"]["containers"][0]["image"] = "x:v2".into();
+    until_pinned_by_the_api_server(&source, &asked).await;
+    let (ok, stderr) = kubectl_apply(&source, &asked);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("MoveWindow \"capi-move\""),
+        "no pin warning: {stderr}"
+    );
+    assert_eq!(
+        dep(&source, "capi-system", "capi-controller-manager").await,
+        (0, Some("5".into()))
+    );
+    // An app is not the window's: the same apply goes through as asked.
+    let (ok, stderr) = kubectl_apply(
+        &source,
+        &deployment("web", "frontend", 5, json!({"app": "frontend"})),
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(dep(&source, "web", "frontend").await, (5, None));
 }
 
 #[tokio::test]
 async fn close_restores_target_before_source() {
-    let source = Arc::new(FakeApi::start().await);
-    let target = Arc::new(FakeApi::start().await);
-    seed(&source);
-    seed(&target);
-    let _c1 = run_deployment_controller(source.clone());
-    let _c2 = run_deployment_controller(target.clone());
+    if skip() {
+        return;
+    }
+    // The target has handoff registered: the sync below is pinned by the API server.
+    let (mut source, mut target) = tokio::join!(env(false), env(true));
+    seed(&source).await;
+    seed(&target).await;
+    run_deployment_controller(&mut source);
+    run_deployment_controller(&mut target);
     let clusters = [
         cluster(&source, "source", Some(MoveRole::Source)),
         cluster(&target, "target", Some(MoveRole::Target)),
@@ -299,50 +533,52 @@ async fn close_restores_target_before_source() {
     ops::open(&clusters, &open_opts(), &mut Vec::new())
         .await
         .unwrap();
-    // While the window is open a GitOps sync asked for 5 on the target: the webhook saved it.
-    let mut d = target
-        .get(
-            "apps/v1",
-            "Deployment",
-            Some("capi-system"),
-            "capi-controller-manager",
-        )
-        .unwrap();
-    d["metadata"]["annotations"][SAVED] = "5".into();
-    target.put(d);
+    // While the window is open a GitOps sync asks for 5 on the target: the webhook saves it.
+    let asked = deployment(
+        "capi-system",
+        "capi-controller-manager",
+        5,
+        capi("cluster-api"),
+    );
+    until_pinned_by_the_api_server(&target, &asked).await;
+    let (ok, stderr) = kubectl_apply(&target, &asked);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        dep(&target, "capi-system", "capi-controller-manager").await,
+        (0, Some("5".into()))
+    );
 
-    let mark = source.sequenced_writes().len();
-    let tmark = target.sequenced_writes().len();
+    let mark = source.proxy.sequenced_writes().len();
+    let tmark = target.proxy.sequenced_writes().len();
     let ordered = [clusters[1].clone(), clusters[0].clone()];
     let restored = ops::close(&ordered, &close_opts(), &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(restored.len(), 4);
     assert_eq!(
-        dep(&target, "capi-system", "capi-controller-manager"),
+        dep(&target, "capi-system", "capi-controller-manager").await,
         (5, None)
     );
     assert_eq!(
-        dep(&source, "capi-system", "capi-controller-manager"),
+        dep(&source, "capi-system", "capi-controller-manager").await,
         (3, None)
     );
-    for fake in [&source, &target] {
+    for e in [&source, &target] {
         assert_eq!(
             dep(
-                fake,
+                e,
                 "capi-kubeadm-bootstrap-system",
                 "capi-kubeadm-bootstrap-controller-manager"
-            ),
+            )
+            .await,
             (2, None)
         );
-        let w = fake
-            .get("handoff.dev/v1alpha1", "MoveWindow", None, "capi-move")
-            .unwrap();
+        let w = window(e).await;
         assert_eq!(w["spec"]["state"], "Closed");
         assert_eq!(w["status"]["phase"], "Closed");
     }
-    let t_writes = &target.sequenced_writes()[tmark..];
-    let s_writes = &source.sequenced_writes()[mark..];
+    let t_writes = &target.proxy.sequenced_writes()[tmark..];
+    let s_writes = &source.proxy.sequenced_writes()[mark..];
     let last_target = t_writes
         .iter()
         .filter(|(_, w)| w.contains("/deployments/"))
@@ -360,58 +596,58 @@ async fn close_restores_target_before_source() {
         .find(|(_, w)| w.contains("movewindows"))
         .unwrap();
     assert!(
-        first_window.1.starts_with("PATCH") && first_window.1.contains("/movewindows/capi-move")
+        first_window.1.starts_with("PATCH") && first_window.1.contains("/movewindows/capi-move"),
+        "{t_writes:?}"
     );
     let first_dep = t_writes
         .iter()
         .find(|(_, w)| w.contains("/deployments/"))
         .unwrap();
-    assert!(first_window.0 < first_dep.0);
+    assert!(first_window.0 < first_dep.0, "{t_writes:?}");
 }
 
 #[tokio::test]
 async fn missing_or_unreadable_annotations_are_reported_and_fall_back() {
-    let fake = Arc::new(FakeApi::start().await);
-    seed(&fake);
-    let _c = run_deployment_controller(fake.clone());
-    let clusters = [cluster(&fake, "cluster", None)];
+    if skip() {
+        return;
+    }
+    let mut e = env(false).await;
+    seed(&e).await;
+    run_deployment_controller(&mut e);
+    let clusters = [cluster(&e, "cluster", None)];
     ops::open(&clusters, &open_opts(), &mut Vec::new())
         .await
         .unwrap();
     // Someone wrote garbage into one annotation.
-    let mut d = fake
-        .get(
-            "apps/v1",
-            "Deployment",
-            Some("capi-system"),
+    Api::<Deployment>::namespaced(e.admin.clone(), "capi-system")
+        .patch(
             "capi-controller-manager",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {SAVED: "three"}}})),
         )
+        .await
         .unwrap();
-    d["metadata"]["annotations"][SAVED] = "three".into();
-    fake.put(d);
     // A Deployment pinned by hand, with no record and no annotation, that the window selects.
     let mut d = deployment("capi-system", "capi-extra", 0, capi("extra"));
     d["metadata"]["annotations"] = json!({SAVED: ""});
-    fake.put(d);
+    put(&e.admin, d).await;
     let mut out = Vec::new();
     let restored = ops::close(&clusters, &close_opts(), &mut out)
         .await
         .unwrap();
     let log = String::from_utf8(out).unwrap();
     assert_eq!(
-        dep(&fake, "capi-system", "capi-controller-manager"),
+        dep(&e, "capi-system", "capi-controller-manager").await,
         (1, None)
     );
-    assert_eq!(dep(&fake, "capi-system", "capi-extra"), (1, None));
+    assert_eq!(dep(&e, "capi-system", "capi-extra").await, (1, None));
     assert!(
         log.contains("\"three\" is unreadable; restored to 1"),
         "{log}"
     );
     let notes: Vec<_> = restored.iter().filter(|r| r.note.is_some()).collect();
     assert_eq!(notes.len(), 2, "{restored:?}");
-    let w = fake
-        .get("handoff.dev/v1alpha1", "MoveWindow", None, "capi-move")
-        .unwrap();
+    let w = window(&e).await;
     let pinned = w["status"]["pinned"].as_array().unwrap();
     assert!(
         pinned
@@ -422,28 +658,37 @@ async fn missing_or_unreadable_annotations_are_reported_and_fall_back() {
 
 #[tokio::test]
 async fn preflight_refuses_a_deployment_that_serves_a_fail_closed_webhook() {
-    let fake = Arc::new(FakeApi::start().await);
-    seed(&fake);
-    fake.put(json!({"apiVersion": "v1", "kind": "Service",
+    if skip() {
+        return;
+    }
+    let mut e = env(false).await;
+    seed(&e).await;
+    put(
+        &e.admin,
+        json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "capi-webhook-service", "namespace": "capi-system"},
-        "spec": {"selector": {"app": "capi-controller-manager"}, "ports": [{"port": 443}]}}));
-    fake.put(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "spec": {"selector": {"app": "capi-controller-manager"}, "ports": [{"port": 443}]}}),
+    )
+    .await;
+    // No rules: the API server never calls them, the preflight still reads them.
+    put(&e.admin, json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": "capi-validating-webhook-configuration"},
         "webhooks": [{"name": "validation.cluster.cluster.x-k8s.io", "failurePolicy": "Fail",
             "sideEffects": "None", "admissionReviewVersions": ["v1"],
             "clientConfig": {"service": {"name": "capi-webhook-service", "namespace": "capi-system", "path": "/validate"}}},
             {"name": "ignored.cluster.x-k8s.io", "failurePolicy": "Ignore",
             "sideEffects": "None", "admissionReviewVersions": ["v1"],
-            "clientConfig": {"service": {"name": "capi-webhook-service", "namespace": "capi-system"}}}]}));
-    fake.put(json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "clientConfig": {"service": {"name": "capi-webhook-service", "namespace": "capi-system"}}}]})).await;
+    put(&e.admin, json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": "clusters.cluster.x-k8s.io"},
         "spec": {"group": "cluster.x-k8s.io", "scope": "Namespaced",
-            "names": {"plural": "clusters", "kind": "Cluster"},
-            "versions": [{"name": "v1beta1", "served": true, "storage": true}],
+            "names": {"plural": "clusters", "singular": "cluster", "kind": "Cluster", "listKind": "ClusterList"},
+            "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
             "conversion": {"strategy": "Webhook", "webhook": {"conversionReviewVersions": ["v1"],
-                "clientConfig": {"service": {"name": "capi-webhook-service", "namespace": "capi-system"}}}}}}));
-    let clusters = [cluster(&fake, "cluster", None)];
-    let writes = fake.writes().len();
+                "clientConfig": {"service": {"name": "capi-webhook-service", "namespace": "capi-system"}}}}}})).await;
+    let clusters = [cluster(&e, "cluster", None)];
+    let writes = e.proxy.writes().len();
     let err = ops::open(&clusters, &open_opts(), &mut Vec::new())
         .await
         .unwrap_err();
@@ -460,13 +705,17 @@ async fn preflight_refuses_a_deployment_that_serves_a_fail_closed_webhook() {
     );
     assert!(!msg.contains("ignored.cluster"), "{msg}");
     assert!(msg.contains("--allow-webhook-outage"));
+    assert!(
+        !e.proxy.requests().is_empty(),
+        "the preflight read through the proxy"
+    );
     assert_eq!(
-        fake.writes().len(),
+        e.proxy.writes().len(),
         writes,
         "nothing written when preflight refuses"
     );
 
-    let _c = run_deployment_controller(fake.clone());
+    run_deployment_controller(&mut e);
     let opts = OpenOptions {
         allow_webhook_outage: true,
         ..open_opts()
@@ -479,63 +728,61 @@ async fn preflight_refuses_a_deployment_that_serves_a_fail_closed_webhook() {
             .contains("allowed by --allow-webhook-outage")
     );
     assert_eq!(
-        dep(&fake, "capi-system", "capi-controller-manager"),
+        dep(&e, "capi-system", "capi-controller-manager").await,
         (0, Some("3".into()))
     );
 }
 
 /// Kill `open` (then `close`) after each of its writes, run it again, and compare with a run
-/// that was never interrupted.
+/// that was never interrupted. One API server, reset to the seeded state before every run.
 #[tokio::test]
 async fn a_run_killed_after_any_step_and_rerun_ends_in_the_same_state() {
-    async fn fresh() -> (Arc<FakeApi>, tokio::task::JoinHandle<()>) {
-        let fake = Arc::new(FakeApi::start().await);
-        seed(&fake);
-        let c = run_deployment_controller(fake.clone());
-        (fake, c)
+    if skip() {
+        return;
     }
-    let (reference, _c) = fresh().await;
-    let rc = [cluster(&reference, "cluster", None)];
-    ops::open(&rc, &open_opts(), &mut Vec::new()).await.unwrap();
-    let opened = snapshot(&reference);
-    let open_writes = reference.writes().len();
-    ops::close(&rc, &close_opts(), &mut Vec::new())
+    let mut e = env(false).await;
+    seed(&e).await;
+    run_deployment_controller(&mut e);
+    let cl = [cluster(&e, "cluster", None)];
+    ops::open(&cl, &open_opts(), &mut Vec::new()).await.unwrap();
+    let opened = snapshot(&e).await;
+    let open_writes = e.proxy.writes().len();
+    ops::close(&cl, &close_opts(), &mut Vec::new())
         .await
         .unwrap();
-    let closed = snapshot(&reference);
-    let close_writes = reference.writes().len() - open_writes;
+    let closed = snapshot(&e).await;
+    let close_writes = e.proxy.writes().len() - open_writes;
     assert!(
         open_writes >= 6 && close_writes >= 6,
         "{open_writes} {close_writes}"
     );
+    assert_ne!(opened, closed);
 
     for n in 0..open_writes as u64 {
-        let (fake, _c) = fresh().await;
-        let cl = [cluster(&fake, "cluster", None)];
-        fake.fail_writes_after(Some(n));
+        reset(&e).await;
+        e.proxy.fail_writes_after(Some(n));
         let first = ops::open(&cl, &open_opts(), &mut Vec::new()).await;
         assert!(first.is_err(), "open should die after {n} writes");
-        fake.fail_writes_after(None);
+        e.proxy.fail_writes_after(None);
         ops::open(&cl, &open_opts(), &mut Vec::new()).await.unwrap();
         assert_eq!(
-            snapshot(&fake),
+            snapshot(&e).await,
             opened,
             "open killed after {n} writes, then re-run"
         );
     }
     for n in 0..close_writes as u64 {
-        let (fake, _c) = fresh().await;
-        let cl = [cluster(&fake, "cluster", None)];
+        reset(&e).await;
         ops::open(&cl, &open_opts(), &mut Vec::new()).await.unwrap();
-        fake.fail_writes_after(Some(n));
+        e.proxy.fail_writes_after(Some(n));
         let first = ops::close(&cl, &close_opts(), &mut Vec::new()).await;
         assert!(first.is_err(), "close should die after {n} writes");
-        fake.fail_writes_after(None);
+        e.proxy.fail_writes_after(None);
         ops::close(&cl, &close_opts(), &mut Vec::new())
             .await
             .unwrap();
         assert_eq!(
-            snapshot(&fake),
+            snapshot(&e).await,
             closed,
             "close killed after {n} writes, then re-run"
         );
@@ -544,10 +791,13 @@ async fn a_run_killed_after_any_step_and_rerun_ends_in_the_same_state() {
 
 #[tokio::test]
 async fn status_shows_windows_deployments_and_saved_counts() {
-    let fake = Arc::new(FakeApi::start().await);
-    seed(&fake);
-    let _c = run_deployment_controller(fake.clone());
-    let clusters = [cluster(&fake, "cluster", None)];
+    if skip() {
+        return;
+    }
+    let mut e = env(false).await;
+    seed(&e).await;
+    run_deployment_controller(&mut e);
+    let clusters = [cluster(&e, "cluster", None)];
     ops::open(&clusters, &open_opts(), &mut Vec::new())
         .await
         .unwrap();
@@ -572,33 +822,55 @@ async fn status_shows_windows_deployments_and_saved_counts() {
 
 #[tokio::test]
 async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the_rest() {
-    let source = Arc::new(FakeApi::start().await);
-    let target = Arc::new(FakeApi::start().await);
-    seed(&source);
-    seed(&target);
-    let _c = run_deployment_controller(source.clone());
+    if skip() {
+        return;
+    }
+    let (mut source, target) = tokio::join!(env(false), env(false));
+    seed(&source).await;
+    seed(&target).await;
+    run_deployment_controller(&mut source);
     let clusters = [
         cluster(&source, "source", Some(MoveRole::Source)),
         cluster(&target, "target", Some(MoveRole::Target)),
     ];
     // The target accepts reads but no writes: its window cannot be created.
-    target.fail_writes_after(Some(0));
+    target.proxy.fail_writes_after(Some(0));
     assert!(
         ops::open(&clusters, &open_opts(), &mut Vec::new())
             .await
             .is_err()
     );
+    assert!(
+        target
+            .proxy
+            .writes()
+            .iter()
+            .any(|w| w.starts_with("POST ") && w.contains("/movewindows")),
+        "the target's window create was tried (and refused): {:?}",
+        target.proxy.writes()
+    );
     // Nothing was pinned anywhere: every window is created before any Deployment is touched.
     assert_eq!(
-        dep(&source, "capi-system", "capi-controller-manager"),
+        dep(&source, "capi-system", "capi-controller-manager").await,
         (3, None)
     );
     assert_eq!(
-        dep(&target, "capi-system", "capi-controller-manager"),
+        dep(&target, "capi-system", "capi-controller-manager").await,
         (3, None)
     );
+    assert!(
+        get(
+            &target.admin,
+            "handoff.dev/v1alpha1",
+            "MoveWindow",
+            None,
+            "capi-move"
+        )
+        .await
+        .is_none()
+    );
     // Closing with both clusters finishes on the source although the target has no window.
-    target.fail_writes_after(None);
+    target.proxy.fail_writes_after(None);
     let mut out = Vec::new();
     ops::close(
         &[clusters[1].clone(), clusters[0].clone()],
@@ -612,10 +884,7 @@ async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the
         log.contains("target: there is no MoveWindow capi-move"),
         "{log}"
     );
-    let w = source
-        .get("handoff.dev/v1alpha1", "MoveWindow", None, "capi-move")
-        .unwrap();
-    assert_eq!(w["spec"]["state"], "Closed");
+    assert_eq!(window(&source).await["spec"]["state"], "Closed");
     // A name that exists nowhere is an error.
     let err = ops::close(
         &clusters,
@@ -635,20 +904,28 @@ async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the
 
 #[tokio::test]
 async fn preflight_checks_the_selector_of_an_existing_window() {
-    let fake = Arc::new(FakeApi::start().await);
-    seed(&fake);
+    if skip() {
+        return;
+    }
+    let e = env(false).await;
+    seed(&e).await;
     // A window created by hand that selects the web frontend, which serves a fail-closed webhook.
-    fake.put(json!({"apiVersion": "handoff.dev/v1alpha1", "kind": "MoveWindow", "metadata": {"name": "capi-move"},
-        "spec": {"state": "Closed", "deploymentSelector": {"matchLabels": {"app": "frontend"}}}}));
-    fake.put(json!({"apiVersion": "v1", "kind": "Service",
+    put(&e.admin, json!({"apiVersion": "handoff.dev/v1alpha1", "kind": "MoveWindow", "metadata": {"name": "capi-move"},
+        "spec": {"state": "Closed", "deploymentSelector": {"matchLabels": {"app": "frontend"}}}})).await;
+    put(
+        &e.admin,
+        json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "frontend", "namespace": "web"},
-        "spec": {"selector": {"app": "frontend"}, "ports": [{"port": 443}]}}));
-    fake.put(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "spec": {"selector": {"app": "frontend"}, "ports": [{"port": 443}]}}),
+    )
+    .await;
+    // No rules: the API server never calls it, the preflight still reads it.
+    put(&e.admin, json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": "web"},
         "webhooks": [{"name": "web.example.com", "sideEffects": "None", "admissionReviewVersions": ["v1"],
-            "clientConfig": {"service": {"name": "frontend", "namespace": "web"}}}]}));
+            "clientConfig": {"service": {"name": "frontend", "namespace": "web"}}}]})).await;
     let err = ops::open(
-        &[cluster(&fake, "cluster", None)],
+        &[cluster(&e, "cluster", None)],
         &open_opts(),
         &mut Vec::new(),
     )
@@ -659,38 +936,49 @@ async fn preflight_checks_the_selector_of_an_existing_window() {
             .contains("Deployment web/frontend backs Service web/frontend"),
         "{err}"
     );
-    assert_eq!(dep(&fake, "web", "frontend"), (4, None));
+    assert_eq!(dep(&e, "web", "frontend").await, (4, None));
 }
 
 #[tokio::test]
 async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
-    let fake = Arc::new(FakeApi::start().await);
-    seed(&fake);
-    let _c = run_deployment_controller(fake.clone());
-    let clusters = [cluster(&fake, "cluster", None)];
+    if skip() {
+        return;
+    }
+    let mut e = env(false).await;
+    seed(&e).await;
+    run_deployment_controller(&mut e);
+    let clusters = [cluster(&e, "cluster", None)];
     ops::open(&clusters, &open_opts(), &mut Vec::new())
         .await
         .unwrap();
+    let mark = e.proxy.writes().len();
     // A handoff replica whose cache lags 300 ms behind the close pins the Deployment again
-    // whenever it sees it restored, within a millisecond, until it catches up.
+    // whenever it sees it restored, until it catches up. Its writes go straight to the API
+    // server, out of the proxy's log.
     let repinner = {
-        let fake = fake.clone();
+        let api = Api::<Deployment>::namespaced(e.admin.clone(), "capi-system");
         tokio::spawn(async move {
             let mut repinned = 0;
             let start = tokio::time::Instant::now();
             while start.elapsed() < Duration::from_millis(300) {
-                if let Some(mut d) = fake.get(
-                    "apps/v1",
-                    "Deployment",
-                    Some("capi-system"),
-                    "capi-controller-manager",
-                ) && d["spec"]["replicas"] != 0
+                if let Ok(mut d) = api.get("capi-controller-manager").await
+                    && d.spec.as_ref().and_then(|s| s.replicas) != Some(0)
                 {
-                    let asked = d["spec"]["replicas"].clone();
-                    d["spec"]["replicas"] = 0.into();
-                    d["metadata"]["annotations"][SAVED] = asked.to_string().into();
-                    fake.put(d);
-                    repinned += 1;
+                    let spec = d.spec.as_mut().expect("spec");
+                    let asked = spec.replicas.unwrap_or(1);
+                    spec.replicas = Some(0);
+                    d.metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(SAVED.into(), asked.to_string());
+                    // Guarded by the resourceVersion read: counted only when nothing came between.
+                    if api
+                        .replace("capi-controller-manager", &PostParams::default(), &d)
+                        .await
+                        .is_ok()
+                    {
+                        repinned += 1;
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
@@ -700,18 +988,22 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
     ops::close(&clusters, &close_opts(), &mut Vec::new())
         .await
         .unwrap();
-    assert!(
-        repinner.await.unwrap() >= 1,
-        "the stale replica never acted"
-    );
+    let repinned = repinner.await.unwrap();
+    assert!(repinned >= 1, "the stale replica never acted");
     assert_eq!(
-        dep(&fake, "capi-system", "capi-controller-manager"),
+        dep(&e, "capi-system", "capi-controller-manager").await,
         (3, None)
     );
-    let pins = fake
-        .writes()
+    // Every pin again came after a restore, and a restore came after the last one.
+    let restores = e.proxy.writes()[mark..]
         .iter()
-        .filter(|w| w.contains("capi-system/deployments/capi-controller-manager"))
+        .filter(|w| {
+            w.starts_with("PATCH ")
+                && w.contains("/namespaces/capi-system/deployments/capi-controller-manager")
+        })
         .count();
-    assert!(pins >= 4, "close restored more than once: {pins}");
+    assert!(
+        restores > repinned,
+        "close restored {restores} times, the stale replica pinned {repinned} times"
+    );
 }

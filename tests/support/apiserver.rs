@@ -365,7 +365,13 @@ impl ApiServer {
                 url,
                 self.token(user)
             );
-            write(self.dir.path(), &file, &text);
+            // Written aside and renamed: every kubectl call rewrites it, and a reader on another
+            // thread (a proxy starting, a client being built) must never see half a file.
+            static N: AtomicU64 = AtomicU64::new(0);
+            let aside = format!("{file}.{}", N.fetch_add(1, Ordering::SeqCst));
+            write(self.dir.path(), &aside, &text);
+            std::fs::rename(self.dir.path().join(&aside), &path)
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
         }
         path
     }
@@ -419,6 +425,23 @@ impl ApiServer {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The project's MoveWindow CRD (`manifests/base/movewindow-crd.yaml`), Established.
+    pub fn install_crd(&self) {
+        let crd = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base/movewindow-crd.yaml"),
+        )
+        .expect("movewindow-crd.yaml");
+        self.apply(&crd);
+        self.ok(
+            ADMIN,
+            &[
+                "wait",
+                "--for=condition=Established",
+                "crd/movewindows.handoff.dev",
+            ],
+        );
     }
 
     /// A kube-rs client as the admin. Build one per test: a client belongs to the runtime that

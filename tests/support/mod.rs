@@ -1,5 +1,5 @@
 pub mod apiserver;
-pub mod fake_api;
+pub mod fault_proxy;
 pub mod https;
 pub mod kcp;
 pub mod kube_proxy;

@@ -1,0 +1,353 @@
+//! A fault-injecting, request-logging HTTP proxy in front of a real kube-apiserver.
+//!
+//! It exists only for what a real API server cannot do on cue:
+//! - log every request handoff makes (`METHOD /path?query`, in arrival order, with a place in
+//!   one sequence shared by every proxy of the test binary), so a test can count reads, writes
+//!   and watches, and order the writes made to two clusters;
+//! - answer slowly (`set_latency`): a loaded API server;
+//! - be unavailable (`set_unavailable`): every request is answered `503` with a `Status` body, as
+//!   a load balancer in front of a kube-apiserver that went away answers, and every open watch
+//!   stream ends, so watchers reconnect and meet the 503s. A 503 rather than a refused
+//!   connection: the proxy keeps logging what handoff still asks while the server is away;
+//! - refuse writes after N (`fail_writes_after`): POST, PUT, PATCH and DELETE past the N-th are
+//!   answered 503 without reaching the server, so to the cluster the client died after its
+//!   N-th write.
+//!
+//! Everything else (storage, validation, defaulting, admission, watches, patches) is the real
+//! server's. A frozen watch connection is `FreezingProxy` in `apiserver.rs`.
+//!
+//! It speaks plain HTTP/1.1 to handoff on loopback (the kubeconfig it writes carries a token it
+//! ignores) and forwards over HTTPS as the API server's admin, streaming bodies so that watches
+//! work. The clients it hands out have kube's retry of 503s switched off: kube would retry a 503
+//! for minutes and hide the outage a test makes. The `handoff` binary, given `kubeconfig`, keeps
+//! kube's defaults. Every request reaches the server as the admin: the proxy is not where RBAC
+//! is tested (`tests/apiserver.rs` is).
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use http_body_util::{BodyExt as _, Full, StreamBody, combinators::UnsyncBoxBody};
+
+use super::apiserver::{ADMIN, ApiServer};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Out = http::Response<UnsyncBoxBody<Bytes, BoxError>>;
+
+/// One sequence across every proxy in the process: a test orders the writes to two clusters.
+static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug, Clone)]
+pub struct Logged {
+    pub seq: u64,
+    pub write: bool,
+    /// `METHOD /path?query`, the query as sent (percent-encoded).
+    pub line: String,
+}
+
+struct Faults {
+    log: Mutex<Vec<Logged>>,
+    latency_ms: AtomicU64,
+    unavailable: tokio::sync::watch::Sender<bool>,
+    /// Writes still let through; negative: all of them.
+    write_budget: AtomicI64,
+}
+
+pub struct FaultProxy {
+    pub port: u16,
+    faults: Arc<Faults>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FaultProxy {
+    /// In front of `api`, on a free loopback port, forwarding as its admin.
+    pub fn start(api: &ApiServer) -> FaultProxy {
+        // Parsed now, on the caller's thread: the test's own kubectl calls rewrite the file.
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(api.kubeconfig(ADMIN)).expect("admin kubeconfig");
+        let listener =
+            std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("proxy listener");
+        let port = listener.local_addr().expect("addr").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let faults = Arc::new(Faults {
+            log: Mutex::new(Vec::new()),
+            latency_ms: AtomicU64::new(0),
+            unavailable: tokio::sync::watch::Sender::new(false),
+            write_budget: AtomicI64::new(-1),
+        });
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let f = faults.clone();
+        // A runtime of its own: the proxy serves sync tests and outlives any test's runtime.
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(serve(listener, kubeconfig, f, stop_rx));
+            rt.shutdown_background();
+        });
+        FaultProxy {
+            port,
+            faults,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A `kube::Config` for the proxy, without kube's retry of 503s.
+    pub fn config(&self) -> kube::Config {
+        let mut config = kube::Config::new(self.url().parse().expect("proxy url"));
+        config.default_retry = false;
+        config
+    }
+
+    /// A client for handoff's code, through the proxy.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config()).expect("proxy client")
+    }
+
+    /// A kubeconfig for the proxy (for the `handoff` binary), written into `dir`.
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let path = dir.join(format!("fault-proxy-kubeconfig-{}", self.port));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: {}\nusers:\n- name: handoff\n  user:\n    token: ignored-by-the-proxy\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: handoff\n    namespace: default\ncurrent-context: proxy\n",
+                self.url()
+            ),
+        )
+        .expect("proxy kubeconfig");
+        path
+    }
+
+    /// Delay every request by `d` before it is forwarded.
+    pub fn set_latency(&self, d: Duration) {
+        self.faults
+            .latency_ms
+            .store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// While true: 503 to every request, and every open watch stream ends.
+    pub fn set_unavailable(&self, yes: bool) {
+        self.faults.unavailable.send_replace(yes);
+    }
+
+    /// Let `n` more writes through, then answer every write 503 until `None`.
+    pub fn fail_writes_after(&self, n: Option<u64>) {
+        self.faults
+            .write_budget
+            .store(n.map_or(-1, |n| n as i64), Ordering::SeqCst);
+    }
+
+    fn log(&self) -> Vec<Logged> {
+        self.faults
+            .log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Every request so far, refused ones included.
+    pub fn requests(&self) -> Vec<String> {
+        self.log().into_iter().map(|l| l.line).collect()
+    }
+
+    /// The writes (POST, PUT, PATCH, DELETE) so far, refused ones included.
+    pub fn writes(&self) -> Vec<String> {
+        self.log()
+            .into_iter()
+            .filter(|l| l.write)
+            .map(|l| l.line)
+            .collect()
+    }
+
+    /// The writes with their place in the process-wide sequence.
+    pub fn sequenced_writes(&self) -> Vec<(u64, String)> {
+        self.log()
+            .into_iter()
+            .filter(|l| l.write)
+            .map(|l| (l.seq, l.line))
+            .collect()
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    kubeconfig: kube::config::Kubeconfig,
+    faults: Arc<Faults>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("client config");
+    // What the server answers is what handoff sees: no retries on its behalf.
+    config.default_retry = false;
+    let client = kube::Client::try_from(config).expect("client");
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let (client, faults) = (client.clone(), faults.clone());
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let (client, faults) = (client.clone(), faults.clone());
+                        async move { Ok::<_, Infallible>(handle(req, client, faults).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+    connections.abort_all();
+}
+
+fn unavailable(message: &str) -> Out {
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": "ServiceUnavailable", "code": 503,
+    })
+    .to_string();
+    http::Response::builder()
+        .status(503)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(
+            Full::new(Bytes::from(body))
+                .map_err(|e| match e {})
+                .boxed_unsync(),
+        )
+        .expect("response")
+}
+
+async fn handle(
+    req: http::Request<hyper::body::Incoming>,
+    client: kube::Client,
+    faults: Arc<Faults>,
+) -> Out {
+    let method = req.method().clone();
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or("/".to_string(), |p| p.as_str().to_string());
+    let write = matches!(
+        method,
+        http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
+    );
+    faults
+        .log
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Logged {
+            seq: SEQUENCE.fetch_add(1, Ordering::SeqCst),
+            write,
+            line: format!("{method} {target}"),
+        });
+    let latency = faults.latency_ms.load(Ordering::SeqCst);
+    if latency > 0 {
+        tokio::time::sleep(Duration::from_millis(latency)).await;
+    }
+    if *faults.unavailable.borrow() {
+        return unavailable("the API server is unavailable (FaultProxy::set_unavailable)");
+    }
+    if write {
+        // Taken only while positive: a refused write leaves the budget at 0.
+        let let_through = faults
+            .write_budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| match b {
+                0 => None,
+                b if b > 0 => Some(b - 1),
+                b => Some(b),
+            })
+            .is_ok();
+        if !let_through {
+            return unavailable("the proxy refuses further writes (FaultProxy::fail_writes_after)");
+        }
+    }
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return unavailable(&format!("reading the request body: {e}")),
+    };
+    let mut forward = http::Request::builder().method(parts.method).uri(target);
+    for h in [http::header::ACCEPT, http::header::CONTENT_TYPE] {
+        if let Some(v) = parts.headers.get(&h) {
+            forward = forward.header(h, v);
+        }
+    }
+    let forward = forward
+        .body(kube::client::Body::from(body.to_vec()))
+        .expect("request");
+    let response = match client.send(forward).await {
+        Ok(r) => r,
+        Err(e) => return unavailable(&format!("forwarding: {e}")),
+    };
+    let (parts, body) = response.into_parts();
+    let mut out = http::Response::builder().status(parts.status);
+    for (name, value) in &parts.headers {
+        // The body is re-framed here; the server's framing headers do not apply.
+        if name != http::header::CONTENT_LENGTH
+            && name != http::header::TRANSFER_ENCODING
+            && name != http::header::CONNECTION
+        {
+            out = out.header(name, value);
+        }
+    }
+    // Streamed as it comes (a watch), until the proxy is made unavailable.
+    let mut gone = faults.unavailable.subscribe();
+    let stream = body
+        .into_data_stream()
+        .map(|chunk| {
+            chunk
+                .map(hyper::body::Frame::data)
+                .map_err(|e| Box::new(e) as BoxError)
+        })
+        .take_until(async move {
+            let _ = gone.wait_for(|u| *u).await;
+        });
+    out.body(StreamBody::new(stream).boxed_unsync())
+        .expect("response")
+}
+
+/// A new API server with the MoveWindow CRD, and a proxy in front of it. Starting one blocks
+/// for seconds: done off the calling test's runtime.
+pub async fn start_with_crd() -> (ApiServer, FaultProxy) {
+    tokio::task::spawn_blocking(|| {
+        let api = ApiServer::start();
+        api.install_crd();
+        let proxy = FaultProxy::start(&api);
+        (api, proxy)
+    })
+    .await
+    .expect("API server start")
+}
