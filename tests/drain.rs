@@ -36,6 +36,10 @@ fn plain_get(port: u16, path: &str) -> Option<u16> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn sigterm_under_load_answers_every_accepted_request() {
     if skip() {
         return;

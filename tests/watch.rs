@@ -69,6 +69,10 @@ async fn allowed(server: &TestServer, path: &str, body: &[u8]) -> serde_json::Va
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn a_cache_miss_is_fetched_once_and_an_unreachable_api_fails_closed() {
     if skip() {
         return;
@@ -117,6 +121,10 @@ async fn a_cache_miss_is_fetched_once_and_an_unreachable_api_fails_closed() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
     if skip() {
         return;
@@ -172,6 +180,10 @@ async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
 /// On a view the watch has not proven current, concurrent deletes of the sync target in one
 /// namespace share a single read (the proxy answers slowly on cue), and a failed read denies.
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn an_unproven_view_is_read_once_per_namespace_however_many_deletes_wait() {
     if skip() {
         return;

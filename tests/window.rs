@@ -419,6 +419,10 @@ async fn until_pinned_by_the_api_server(e: &Env, obj: &Value) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn open_pins_saves_waits_and_a_later_update_is_pinned() {
     if skip() {
         return;
@@ -516,6 +520,10 @@ async fn open_pins_saves_waits_and_a_later_update_is_pinned() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn close_restores_target_before_source() {
     if skip() {
         return;
@@ -607,6 +615,10 @@ async fn close_restores_target_before_source() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn missing_or_unreadable_annotations_are_reported_and_fall_back() {
     if skip() {
         return;
@@ -657,6 +669,10 @@ async fn missing_or_unreadable_annotations_are_reported_and_fall_back() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn preflight_refuses_a_deployment_that_serves_a_fail_closed_webhook() {
     if skip() {
         return;
@@ -736,6 +752,10 @@ async fn preflight_refuses_a_deployment_that_serves_a_fail_closed_webhook() {
 /// Kill `open` (then `close`) after each of its writes, run it again, and compare with a run
 /// that was never interrupted. One API server, reset to the seeded state before every run.
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn a_run_killed_after_any_step_and_rerun_ends_in_the_same_state() {
     if skip() {
         return;
@@ -790,6 +810,10 @@ async fn a_run_killed_after_any_step_and_rerun_ends_in_the_same_state() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn status_shows_windows_deployments_and_saved_counts() {
     if skip() {
         return;
@@ -821,6 +845,10 @@ async fn status_shows_windows_deployments_and_saved_counts() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the_rest() {
     if skip() {
         return;
@@ -903,6 +931,10 @@ async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn preflight_checks_the_selector_of_an_existing_window() {
     if skip() {
         return;
@@ -940,6 +972,10 @@ async fn preflight_checks_the_selector_of_an_existing_window() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
 async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
     if skip() {
         return;
