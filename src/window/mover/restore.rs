@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use super::super::close::{Restored, close};
 use super::super::common::{Cluster, Result, read_window};
 use super::super::move_plan::{self, BLOCK_MOVE, PAUSED_ANNOTATION};
-use super::clusterctl::lift_block_move;
 use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in};
+use super::clusterctl::lift_block_move;
 use super::{MoveOptions, note, phase};
 use crate::resources::move_window::{MoveRecord, Strategy};
 
