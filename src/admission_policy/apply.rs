@@ -13,9 +13,11 @@ use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
 use serde_json::Value;
 
 use super::*;
-use crate::rules::identity::Located;
-use crate::rules::sync_finalizer::NamespaceMeta;
 use crate::resources::move_window::{MoveWindow, default_deployment_selector};
+use crate::rules::identity::{Identities, Located};
+use crate::rules::move_window::OwnDeployment;
+use crate::rules::rollout::Rollout;
+use crate::rules::sync_finalizer::NamespaceMeta;
 
 const GROUP_VERSION: &str = "admissionregistration.k8s.io/v1";
 

@@ -1,5 +1,8 @@
+use super::directory::{ESCAPES, cel_username_key};
 use super::*;
-use crate::rules::identity::NamespaceLocator;
+use crate::rules::identity::{Identities, NamespaceLocator};
+use crate::rules::move_window::OwnDeployment;
+use crate::rules::rollout::{Exemption, Mode, Rollout};
 
 const LOCATOR: &str = r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root:org:ws","namespace":"test"}"#;
 
