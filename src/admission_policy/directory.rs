@@ -26,9 +26,25 @@ pub(super) const ESCAPES: [(char, &str); 11] = [
     (' ', "_20"),
 ];
 
+/// Why an identity cannot be published in the guard's parameter ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    #[error(
+        "username {username:?}: the character {character:?} cannot be published to the admission policy (allowed: letters, digits, - . {})",
+        ESCAPES.map(|(c, _)| c).iter().collect::<String>()
+    )]
+    Character { username: String, character: char },
+    #[error("username {username:?} is too long to publish to the admission policy")]
+    TooLong { username: String },
+    #[error("{target}: a key is empty or holds a space or a comma")]
+    Key { target: SyncTarget },
+    #[error("{target}: its UID, name or cluster holds a space or a comma")]
+    Field { target: SyncTarget },
+}
+
 /// The ConfigMap key of a configured username: `u.` and the username with `ESCAPES` applied.
 /// The policy computes the same with a chain of `replace` (`cel_username_key`).
-pub fn username_key(username: &str) -> Result<String, String> {
+pub fn username_key(username: &str) -> Result<String, PublishError> {
     let mut key = String::from("u.");
     for c in username.chars() {
         if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
@@ -36,16 +52,16 @@ pub fn username_key(username: &str) -> Result<String, String> {
         } else if let Some((_, e)) = ESCAPES.iter().find(|(x, _)| *x == c) {
             key.push_str(e);
         } else {
-            return Err(format!(
-                "username {username:?}: the character {c:?} cannot be published to the admission policy (allowed: letters, digits, - . {})",
-                ESCAPES.map(|(c, _)| c).iter().collect::<String>()
-            ));
+            return Err(PublishError::Character {
+                username: username.to_string(),
+                character: c,
+            });
         }
     }
     if key.len() > 253 {
-        return Err(format!(
-            "username {username:?} is too long to publish to the admission policy"
-        ));
+        return Err(PublishError::TooLong {
+            username: username.to_string(),
+        });
     }
     Ok(key)
 }
@@ -86,21 +102,21 @@ fn token(s: Option<&str>) -> Option<&str> {
     }
 }
 
-fn entry(uid: Option<&str>, target: &SyncTarget) -> Result<String, String> {
+fn entry(uid: Option<&str>, target: &SyncTarget) -> Result<String, PublishError> {
     let keys: Vec<&str> = target.keys.iter().map(|k| k.0.as_str()).collect();
     if keys.is_empty() || keys.iter().any(|k| token(Some(k)) != Some(k)) {
-        return Err(format!(
-            "{target}: a key is empty or holds a space or a comma"
-        ));
+        return Err(PublishError::Key {
+            target: target.clone(),
+        });
     }
     let (Some(uid), Some(name), Some(cluster)) = (
         token(uid),
         token(target.name.as_deref()),
         token(target.cluster.as_deref()),
     ) else {
-        return Err(format!(
-            "{target}: its UID, name or cluster holds a space or a comma"
-        ));
+        return Err(PublishError::Field {
+            target: target.clone(),
+        });
     };
     Ok(format!("{uid} {name} {cluster} {}", keys.join(",")))
 }
@@ -114,7 +130,7 @@ pub fn directory(ids: &Identities, located: &[(String, std::sync::Arc<Located>)]
             Ok((k, v)) => {
                 dir.data.insert(k, v);
             }
-            Err(e) => dir.unpublishable.push(e),
+            Err(e) => dir.unpublishable.push(e.to_string()),
         }
     }
     // In a fixed order, so that replicas with the same view publish the same content.
@@ -163,7 +179,7 @@ pub fn directory(ids: &Identities, located: &[(String, std::sync::Arc<Located>)]
                 };
                 dir.data.insert(key, v);
             }
-            Err(e) => dir.skipped.push(e),
+            Err(e) => dir.skipped.push(e.to_string()),
         }
     }
     dir

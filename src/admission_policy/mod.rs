@@ -27,7 +27,9 @@ mod lease_hold;
 mod pin;
 
 pub use cel::{cel_selector, cel_str, validation_actions};
-pub use directory::{Directory, directory, params_object, service_account_key, username_key};
+pub use directory::{
+    Directory, PublishError, directory, params_object, service_account_key, username_key,
+};
 pub use guard::{guard_binding, guard_policy};
 pub use lease_hold::{lease_hold_binding, lease_hold_policy};
 pub use pin::{binding_name, pin_policy, pin_scale_policy, window_bindings};

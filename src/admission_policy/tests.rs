@@ -33,7 +33,7 @@ fn username_keys_are_valid_configmap_keys_and_distinct() {
         username_key("system:serviceaccount:edge:syncer").unwrap(),
         "u.system_3aserviceaccount_3aedge_3asyncer"
     );
-    let e = username_key("o'brien").unwrap_err();
+    let e = username_key("o'brien").unwrap_err().to_string();
     assert!(e.contains("o'brien") && e.contains("'\\''"), "{e}");
     assert!(username_key(&"x".repeat(300)).is_err());
 }

@@ -1103,7 +1103,7 @@ impl PatchKind {
             Ok(v) => Ok(v),
             Err(e) if self == Self::Apply => std::str::from_utf8(body)
                 .map_err(|e| e.to_string())
-                .and_then(handoff::yaml::from_str)
+                .and_then(|t| handoff::yaml::from_str(t).map_err(|e| e.to_string()))
                 .map_err(|_| ApiError::bad_request(format!("invalid apply patch body: {e}"))),
             Err(e) => Err(ApiError::bad_request(format!("invalid patch body: {e}"))),
         }
