@@ -415,7 +415,7 @@ impl State {
             None => KcpRead::NotRead,
             Some(Err(why)) => KcpRead::Unavailable {
                 at: None,
-                why: why.clone(),
+                why: why.to_string(),
             },
             Some(Ok(at)) => match kcp.namespace(at).await {
                 kcp::KcpLookup::Known(view) => KcpRead::Known {
