@@ -389,7 +389,7 @@ impl State {
             })
             .await;
         match answer {
-            Err(why) => NamespaceLookup::Unavailable(why),
+            Err(why) => NamespaceLookup::Unavailable(why.to_string()),
             Ok((_, None)) => NamespaceLookup::Plain,
             Ok((epoch, Some(annotations))) => {
                 let meta = NamespaceMeta::from_annotations(annotations.as_ref(), &self.ids);
