@@ -99,7 +99,7 @@ pub async fn run_clusterctl(
     let mut child = Child::spawn(&opts.clusterctl, &opts.flags, source)?;
     let mut interrupted = false;
     let mut source_stopped = stopped_already.then(Instant::now);
-    let mut last_wait = String::new();
+    let mut last_wait = None;
     let mut tick = tokio::time::interval(opts.poll);
     let forward = |child: &Child, sig: i32, out: &mut dyn Write| {
         let name = if sig == libc::SIGINT {
@@ -133,9 +133,9 @@ pub async fn run_clusterctl(
                     }
                 };
                 if let Err(waiting) = move_plan::source_ready(&clusters, &blocking, &opts.window) {
-                    if waiting != last_wait {
+                    if last_wait.as_ref() != Some(&waiting) {
                         let _ = writeln!(out, "handoff move: waiting for {waiting}");
-                        last_wait = waiting;
+                        last_wait = Some(waiting);
                     }
                     continue;
                 }

@@ -103,7 +103,8 @@ pub async fn run(
         cluster: c.label.clone(),
         message,
     };
-    let mut start = move_plan::start(recorded.as_ref(), &ns).map_err(|m| refused(target, m))?;
+    let mut start =
+        move_plan::start(recorded.as_ref(), &ns).map_err(|e| refused(target, e.to_string()))?;
     let r = recorded.clone().unwrap_or_default();
     if start == Start::Resume {
         // clusterctl deletes from the source only once it has created everything in the
@@ -229,9 +230,8 @@ pub async fn run(
     // handoff's block-move, or the move does not start.
     let add = match source_stopped_already {
         true => vec![],
-        false => {
-            move_plan::add_block_move(&clusters, &opts.window).map_err(|m| refused(source, m))?
-        }
+        false => move_plan::add_block_move(&clusters, &opts.window)
+            .map_err(|e| refused(source, e.to_string()))?,
     };
 
     // 1. The target's controllers, before anything is copied.
