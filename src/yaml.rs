@@ -92,7 +92,9 @@ mod tests {
     fn parses_to_json_values_and_errors_in_one_line() {
         let v: serde_json::Value = from_str("---\na: [1, x, true, null, 1.5]\n").unwrap();
         assert_eq!(v, serde_json::json!({"a": [1, "x", true, null, 1.5]}));
-        let e = from_str::<serde_json::Value>("a: [\n").unwrap_err().to_string();
+        let e = from_str::<serde_json::Value>("a: [\n")
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains('\n'), "{e}");
         let e = from_str::<serde_json::Value>("a: 1\na: 2\n")
             .unwrap_err()

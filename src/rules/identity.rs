@@ -225,9 +225,7 @@ pub enum KcpNamespaceError {
     NoCluster,
     #[error("the namespace locator names no kcp namespace")]
     NoNamespace,
-    #[error(
-        "the namespace locator's logical cluster {0:?} is not a kcp logical cluster name"
-    )]
+    #[error("the namespace locator's logical cluster {0:?} is not a kcp logical cluster name")]
     Cluster(String),
     #[error("the namespace locator's namespace {0:?} is not a namespace name")]
     Namespace(String),

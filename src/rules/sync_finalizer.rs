@@ -1240,7 +1240,10 @@ mod tests {
             panic!("{meta:?}")
         };
         let why = why.to_string();
-        let kcp = KcpState::Unavailable { at: None, why: &why };
+        let kcp = KcpState::Unavailable {
+            at: None,
+            why: &why,
+        };
         let mut req = DeleteRequest {
             username: SYNCER,
             resource: "configmaps".into(),
