@@ -5,8 +5,8 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use handoff::rules::move_window::OwnDeployment;
 use handoff::resources::move_window::MoveRole;
+use handoff::rules::move_window::OwnDeployment;
 use handoff::window::{self as ops, CloseOptions, Cluster, OpenOptions, WindowError};
 use serde_json::{Value, json};
 use support::fake_api::FakeApi;

@@ -1078,10 +1078,8 @@ mod tests {
         let app: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
         let special: BTreeMap<String, String> = [("app".to_string(), "special".to_string())].into();
         let selector = |s: &str| {
-            Selector::from_label_selector(
-                &crate::rules::selector::parse_label_selector(s).unwrap(),
-            )
-            .unwrap()
+            Selector::from_label_selector(&crate::rules::selector::parse_label_selector(s).unwrap())
+                .unwrap()
         };
         // As the cache holds them: a window last seen open, and one open with a selector that
         // does not parse.

@@ -12,8 +12,8 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
-use crate::rules::sync_finalizer::NamespaceMeta;
 use crate::resources::move_window::MoveWindow;
+use crate::rules::sync_finalizer::NamespaceMeta;
 use crate::state::windows::DeploymentMeta;
 use crate::state::{State, WatchHealth};
 

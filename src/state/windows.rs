@@ -5,8 +5,8 @@ use std::sync::{Arc, RwLock};
 
 use super::cache::Projected;
 
-use crate::rules::move_window::{OpenWindow, PinnedRef, SAVED_REPLICAS_ANNOTATION};
 use crate::resources::move_window::{MoveWindow, Strategy};
+use crate::rules::move_window::{OpenWindow, PinnedRef, SAVED_REPLICAS_ANNOTATION};
 
 /// What the cache keeps of one MoveWindow.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,11 +17,11 @@ use super::common::{
 };
 use super::lease;
 use super::plan;
-use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
-use crate::rules::selector::Selector;
 use crate::resources::move_window::{
     HeldLease, MoveWindow, MoveWindowStatus, PinnedDeployment, Strategy, WindowState,
 };
+use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
+use crate::rules::selector::Selector;
 
 #[derive(Debug, Clone)]
 pub struct CloseOptions {

@@ -10,11 +10,11 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::preflight::Finding;
-use crate::rules::move_window::OwnDeployment;
-use crate::rules::selector::Selector;
 use crate::resources::move_window::{
     MoveRole, MoveWindow, MoveWindowStatus, PinnedDeployment, WindowState,
 };
+use crate::rules::move_window::OwnDeployment;
+use crate::rules::selector::Selector;
 
 /// One cluster a command acts on.
 #[derive(Clone)]

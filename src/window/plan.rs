@@ -8,12 +8,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
+use crate::resources::move_window::{MoveRole, PinnedDeployment, StopPolicy, Strategy};
 use crate::rules::lease_hold::{
     FORMER_DURATION_ANNOTATION, FORMER_HOLDER_ANNOTATION, HELD_BY_LABEL, OPERATOR_ANNOTATION,
     holder_identity, window_of_holder,
 };
 use crate::rules::move_window::{SAVED_REPLICAS_ANNOTATION, SavedReplicas};
-use crate::resources::move_window::{MoveRole, PinnedDeployment, StopPolicy, Strategy};
 
 /// The `leaseDurationSeconds` a window writes: ten years. A candidate treats a Lease as taken
 /// until `leaseDurationSeconds` after it last saw the record change, on its own clock

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use super::common::{Cluster, Result, api_err, dep_key, read_window, selected_deployments};
 use super::lease;
-use crate::rules::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
 use crate::resources::move_window::{MoveRole, MoveWindow, Strategy, WindowState};
+use crate::rules::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
 
 /// One window as `status` shows it, with the live state of its Deployments.
 #[derive(Debug, Clone, Serialize)]
