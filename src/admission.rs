@@ -462,12 +462,18 @@ pub fn encode_review(response: &AdmissionResponse) -> Vec<u8> {
     .expect("an AdmissionResponse always serializes")
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum PatchError {
+    #[error("patch is not base64: {0}")]
+    Base64(#[from] base64::DecodeError),
+    #[error("patch is not JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
 /// Decode a response patch back into JSON (for `review` output checks and tests).
-pub fn decode_patch(patch_b64: &str) -> Result<serde_json::Value, String> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(patch_b64)
-        .map_err(|e| format!("patch is not base64: {e}"))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("patch is not JSON: {e}"))
+pub fn decode_patch(patch_b64: &str) -> Result<serde_json::Value, PatchError> {
+    let bytes = base64::engine::general_purpose::STANDARD.decode(patch_b64)?;
+    Ok(serde_json::from_slice(&bytes)?)
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ impl ConfigFile {
         let cfg: ConfigFile = if text.trim().is_empty() {
             ConfigFile::default()
         } else {
-            crate::yaml::from_str(text)?
+            crate::yaml::from_str(text).map_err(|e| e.to_string())?
         };
         cfg.identities()?;
         for (i, e) in cfg.exemptions.iter().enumerate() {

@@ -8,17 +8,25 @@
 
 use serde::de::DeserializeOwned;
 
+#[derive(Debug, thiserror::Error)]
+pub enum YamlError {
+    /// On one line: callers put it after the file and document they name.
+    #[error("{}", crate::rules::one_line(.0.to_string()))]
+    Parse(#[source] serde_saphyr::Error),
+    #[error("{0}")]
+    Serialize(#[source] serde_saphyr::SerializeError),
+}
+
 /// Parse one YAML document. The error is one line, without the source snippet that
 /// serde-saphyr draws by default (callers name the file and document themselves).
-pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, YamlError> {
     let options = serde_saphyr::options! { with_snippet: false };
-    serde_saphyr::from_str_with_options(text, options)
-        .map_err(|e| crate::rules::one_line(e.to_string()))
+    serde_saphyr::from_str_with_options(text, options).map_err(YamlError::Parse)
 }
 
 /// Serialize to YAML.
-pub fn to_string<T: serde::Serialize>(value: &T) -> Result<String, String> {
-    serde_saphyr::to_string(value).map_err(|e| e.to_string())
+pub fn to_string<T: serde::Serialize>(value: &T) -> Result<String, YamlError> {
+    serde_saphyr::to_string(value).map_err(YamlError::Serialize)
 }
 
 /// The documents of a YAML stream as `(number, text)`, numbered from 1. A document that holds
@@ -84,9 +92,13 @@ mod tests {
     fn parses_to_json_values_and_errors_in_one_line() {
         let v: serde_json::Value = from_str("---\na: [1, x, true, null, 1.5]\n").unwrap();
         assert_eq!(v, serde_json::json!({"a": [1, "x", true, null, 1.5]}));
-        let e = from_str::<serde_json::Value>("a: [\n").unwrap_err();
+        let e = from_str::<serde_json::Value>("a: [\n")
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains('\n'), "{e}");
-        let e = from_str::<serde_json::Value>("a: 1\na: 2\n").unwrap_err();
+        let e = from_str::<serde_json::Value>("a: 1\na: 2\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("duplicate"), "{e}");
     }
 }

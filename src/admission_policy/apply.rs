@@ -14,7 +14,9 @@ use serde_json::Value;
 
 use super::*;
 use crate::resources::move_window::{MoveWindow, default_deployment_selector};
-use crate::rules::identity::Located;
+use crate::rules::identity::{Identities, Located};
+use crate::rules::move_window::OwnDeployment;
+use crate::rules::rollout::Rollout;
 use crate::rules::sync_finalizer::NamespaceMeta;
 
 const GROUP_VERSION: &str = "admissionregistration.k8s.io/v1";

@@ -1,5 +1,8 @@
+use super::directory::{ESCAPES, cel_username_key};
 use super::*;
-use crate::rules::identity::NamespaceLocator;
+use crate::rules::identity::{Identities, NamespaceLocator};
+use crate::rules::move_window::OwnDeployment;
+use crate::rules::rollout::{Exemption, Mode, Rollout};
 
 const LOCATOR: &str = r#"{"syncTarget":{"cluster":"root:org:ws","name":"us-west1","uid":"syncTargetUID"},"cluster":"root:org:ws","namespace":"test"}"#;
 
@@ -30,7 +33,7 @@ fn username_keys_are_valid_configmap_keys_and_distinct() {
         username_key("system:serviceaccount:edge:syncer").unwrap(),
         "u.system_3aserviceaccount_3aedge_3asyncer"
     );
-    let e = username_key("o'brien").unwrap_err();
+    let e = username_key("o'brien").unwrap_err().to_string();
     assert!(e.contains("o'brien") && e.contains("'\\''"), "{e}");
     assert!(username_key(&"x".repeat(300)).is_err());
 }

@@ -218,6 +218,19 @@ fn is_logical_cluster(s: &str) -> bool {
     !s.is_empty() && s.len() <= 255 && s.split(':').all(is_dns_label)
 }
 
+/// Why a namespace locator names no kcp namespace handoff will read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KcpNamespaceError {
+    #[error("the namespace locator names no logical cluster (cluster or workspace)")]
+    NoCluster,
+    #[error("the namespace locator names no kcp namespace")]
+    NoNamespace,
+    #[error("the namespace locator's logical cluster {0:?} is not a kcp logical cluster name")]
+    Cluster(String),
+    #[error("the namespace locator's namespace {0:?} is not a namespace name")]
+    Namespace(String),
+}
+
 impl NamespaceLocator {
     /// The kcp namespace this locator names: the top-level `cluster` (legacy `workspace`) and
     /// `namespace`. The sync target's own cluster is not a fallback: a SyncTarget may live in
@@ -225,26 +238,20 @@ impl NamespaceLocator {
     /// find no hold where one is set. Anything that is not a plain name (a `/`, a `*`, `..`,
     /// a percent sign, upper case) is refused rather than escaped: a locator is an annotation
     /// anyone who may edit the namespace can write.
-    pub fn kcp_namespace(&self) -> Result<KcpNamespace, String> {
+    pub fn kcp_namespace(&self) -> Result<KcpNamespace, KcpNamespaceError> {
         let cluster = self.cluster.as_deref().unwrap_or("");
         let namespace = self.namespace.as_deref().unwrap_or("");
         if cluster.is_empty() {
-            return Err(
-                "the namespace locator names no logical cluster (cluster or workspace)".into(),
-            );
+            return Err(KcpNamespaceError::NoCluster);
         }
         if namespace.is_empty() {
-            return Err("the namespace locator names no kcp namespace".into());
+            return Err(KcpNamespaceError::NoNamespace);
         }
         if !is_logical_cluster(cluster) {
-            return Err(format!(
-                "the namespace locator's logical cluster {cluster:?} is not a kcp logical cluster name"
-            ));
+            return Err(KcpNamespaceError::Cluster(cluster.to_string()));
         }
         if !is_dns_label(namespace) {
-            return Err(format!(
-                "the namespace locator's namespace {namespace:?} is not a namespace name"
-            ));
+            return Err(KcpNamespaceError::Namespace(namespace.to_string()));
         }
         Ok(KcpNamespace {
             cluster: cluster.to_string(),
@@ -866,7 +873,7 @@ mod tests {
             let got = locator(json).kcp_namespace();
             match (&got, &want) {
                 (Ok(g), Ok(w)) => assert_eq!(g, w, "{name}"),
-                (Err(g), Err(w)) => assert!(g.contains(w), "{name}: {g}"),
+                (Err(g), Err(w)) => assert!(g.to_string().contains(w), "{name}: {g}"),
                 _ => panic!("{name}: got {got:?}, want {want:?}"),
             }
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::admission::{AdmissionRequest, Operation};
 use crate::rules::identity::{
-    Identities, KcpNamespace, Located, NamespaceLocator, Requester, SyncTarget,
+    Identities, KcpNamespace, KcpNamespaceError, Located, NamespaceLocator, Requester, SyncTarget,
 };
 
 /// A blocking soft finalizer: `finalizers.workload.<domain>/<key>` with a non-empty value.
@@ -29,7 +29,7 @@ pub struct NamespaceMeta {
     pub located: Option<Arc<Located>>,
     /// The kcp namespace the locator names, or why it names none; kept only when handoff reads
     /// kcp (`Identities::reads_kcp`).
-    pub kcp: Option<Arc<Result<KcpNamespace, String>>>,
+    pub kcp: Option<Arc<Result<KcpNamespace, KcpNamespaceError>>>,
 }
 
 /// Blocking soft finalizers among `annotations`, as kcp reads them: any value but `""` blocks.
@@ -1239,7 +1239,11 @@ mod tests {
         let Some(Err(why)) = meta.kcp.as_deref() else {
             panic!("{meta:?}")
         };
-        let kcp = KcpState::Unavailable { at: None, why };
+        let why = why.to_string();
+        let kcp = KcpState::Unavailable {
+            at: None,
+            why: &why,
+        };
         let mut req = DeleteRequest {
             username: SYNCER,
             resource: "configmaps".into(),

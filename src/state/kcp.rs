@@ -25,7 +25,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::Event;
 
 use super::cache::Projected;
-use super::single_flight::SingleFlight;
+use super::single_flight::{FlightError, SingleFlight};
 use super::{State, WatchHealth};
 use crate::rules::identity::{Identities, KcpNamespace};
 use crate::rules::sync_finalizer::{SoftFinalizer, blocking_finalizers};
@@ -72,6 +72,40 @@ pub enum KcpLookup {
     Unavailable(String),
 }
 
+/// Why a kcp kubeconfig gives no client.
+#[derive(Debug, thiserror::Error)]
+pub enum KcpConfigError {
+    #[error(transparent)]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error(transparent)]
+    Uri(#[from] http::uri::InvalidUri),
+    #[error(transparent)]
+    UriParts(#[from] http::uri::InvalidUriParts),
+    #[error(transparent)]
+    Client(#[from] kube::Error),
+}
+
+/// Why a kcp namespace could not be read. Clone: one read's answer goes to every request
+/// waiting for it (`SingleFlight`), so what is not `Clone` is shared behind an `Arc`.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum KcpReadError {
+    #[error("kcp did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Request(Arc<http::Error>),
+    /// A 404 that does not name the namespace: a missing logical cluster, or not kcp at all.
+    #[error(
+        "kcp answered 404 for {path} without naming the namespace ({message}): is logical cluster {cluster} there, and is --kcp-kubeconfig kcp's?"
+    )]
+    NotThere {
+        path: String,
+        message: String,
+        cluster: String,
+    },
+    #[error("kcp said: {0}")]
+    Api(#[source] Arc<kube::Error>),
+}
+
 /// Read answers, with when each read began.
 type Answers = HashMap<KcpNamespace, (Instant, Arc<KcpView>)>;
 
@@ -93,14 +127,14 @@ pub struct Kcp {
     pub health: WatchHealth,
     /// Answers of reads, with when the read began.
     read: Arc<Mutex<Answers>>,
-    in_flight: SingleFlight<KcpNamespace, (Instant, Arc<KcpView>)>,
+    in_flight: SingleFlight<KcpNamespace, (Instant, Arc<KcpView>), KcpReadError>,
     /// Reads and mirror applies, for `/metrics` (the state's, once handoff serves).
     pub telemetry: Arc<super::telemetry::Telemetry>,
 }
 
 /// kcp's base URL of a kcp kubeconfig's server: a kubeconfig made for one workspace points at
 /// `<base>/clusters/<workspace>`; handoff reads every workspace, so it cuts that off.
-pub fn base_url(server: &http::Uri) -> Result<http::Uri, String> {
+pub fn base_url(server: &http::Uri) -> Result<http::Uri, KcpConfigError> {
     let path = server.path();
     let base = match path.find("/clusters/") {
         Some(i) => &path[..i],
@@ -110,10 +144,9 @@ pub fn base_url(server: &http::Uri) -> Result<http::Uri, String> {
     parts.path_and_query = Some(
         base.trim_end_matches('/')
             .parse()
-            .or_else(|_| "/".parse())
-            .map_err(|e| format!("{e}"))?,
+            .or_else(|_| "/".parse())?,
     );
-    http::Uri::from_parts(parts).map_err(|e| e.to_string())
+    Ok(http::Uri::from_parts(parts)?)
 }
 
 impl Kcp {
@@ -123,11 +156,9 @@ impl Kcp {
         ids: Identities,
         max_staleness: Duration,
         timeout: Duration,
-    ) -> Result<Kcp, String> {
-        let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
+    ) -> Result<Kcp, KcpConfigError> {
+        let kc = kube::config::Kubeconfig::read_from(path)?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
         Kcp::from_config(config, ids, max_staleness, timeout)
     }
 
@@ -136,16 +167,15 @@ impl Kcp {
         ids: Identities,
         max_staleness: Duration,
         timeout: Duration,
-    ) -> Result<Kcp, String> {
+    ) -> Result<Kcp, KcpConfigError> {
         let base = base_url(&config.cluster_url)?;
         config.cluster_url = base.clone();
         let mut wildcard_config = config.clone();
         wildcard_config.cluster_url =
             format!("{}/clusters/*", base.to_string().trim_end_matches('/'))
-                .parse()
-                .map_err(|e: http::uri::InvalidUri| e.to_string())?;
-        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
-        let wildcard = kube::Client::try_from(wildcard_config).map_err(|e| e.to_string())?;
+                .parse::<http::Uri>()?;
+        let client = kube::Client::try_from(config)?;
+        let wildcard = kube::Client::try_from(wildcard_config)?;
         Ok(Kcp {
             server: base.to_string().trim_end_matches('/').to_string(),
             client,
@@ -171,7 +201,7 @@ impl Kcp {
         }
         match self.read_now(at).await {
             Ok((_, v)) => KcpLookup::Known(v),
-            Err(why) => KcpLookup::Unavailable(why),
+            Err(why) => KcpLookup::Unavailable(why.to_string()),
         }
     }
 
@@ -189,7 +219,10 @@ impl Kcp {
     }
 
     /// Read `at` from kcp now, joining a read of it already under way.
-    async fn read_now(&self, at: &KcpNamespace) -> Result<(Instant, Arc<KcpView>), String> {
+    async fn read_now(
+        &self,
+        at: &KcpNamespace,
+    ) -> Result<(Instant, Arc<KcpView>), FlightError<KcpReadError>> {
         let (client, ids, timeout) = (self.client.clone(), self.ids.clone(), self.timeout);
         let (key, answers, max_age) = (at.clone(), self.read.clone(), self.max_staleness);
         let telemetry = self.telemetry.clone();
@@ -197,7 +230,7 @@ impl Kcp {
             .run(at.clone(), "the kcp read", move || async move {
                 let began = Instant::now();
                 let answer = match tokio::time::timeout(timeout, get(&client, &key, &ids)).await {
-                    Err(_) => Err(format!("kcp did not answer within {timeout:?}")),
+                    Err(_) => Err(KcpReadError::Timeout(timeout)),
                     Ok(r) => r,
                 };
                 telemetry
@@ -299,11 +332,6 @@ impl Kcp {
         }
         self.namespace(at).await
     }
-
-    /// How many kcp namespaces the watch holds.
-    pub fn watched_len(&self) -> usize {
-        self.watched.len()
-    }
 }
 
 /// GET `/clusters/<cluster>/api/v1/namespaces/<namespace>`: a missing namespace is one that
@@ -314,11 +342,11 @@ async fn get(
     client: &kube::Client,
     at: &KcpNamespace,
     ids: &Identities,
-) -> Result<Arc<KcpView>, String> {
+) -> Result<Arc<KcpView>, KcpReadError> {
     let request = http::Request::get(at.path())
         .header(http::header::ACCEPT, "application/json")
         .body(Vec::new())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| KcpReadError::Request(Arc::new(e)))?;
     match client.request::<Namespace>(request).await {
         Ok(ns) => Ok(Arc::new(KcpView::new(
             ns.metadata.annotations.as_ref(),
@@ -332,14 +360,12 @@ async fn get(
         {
             Ok(Arc::new(KcpView::default()))
         }
-        Err(kube::Error::Api(s)) if s.code == 404 => Err(format!(
-            "kcp answered 404 for {} without naming the namespace ({}): is logical cluster {} \
-             there, and is --kcp-kubeconfig kcp's?",
-            at.path(),
-            s.message,
-            at.cluster
-        )),
-        Err(e) => Err(format!("kcp said: {e}")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(KcpReadError::NotThere {
+            path: at.path(),
+            message: s.message,
+            cluster: at.cluster.clone(),
+        }),
+        Err(e) => Err(KcpReadError::Api(Arc::new(e))),
     }
 }
 

@@ -389,7 +389,7 @@ impl State {
             })
             .await;
         match answer {
-            Err(why) => NamespaceLookup::Unavailable(why),
+            Err(why) => NamespaceLookup::Unavailable(why.to_string()),
             Ok((_, None)) => NamespaceLookup::Plain,
             Ok((epoch, Some(annotations))) => {
                 let meta = NamespaceMeta::from_annotations(annotations.as_ref(), &self.ids);
@@ -415,7 +415,7 @@ impl State {
             None => KcpRead::NotRead,
             Some(Err(why)) => KcpRead::Unavailable {
                 at: None,
-                why: why.clone(),
+                why: why.to_string(),
             },
             Some(Ok(at)) => match kcp.namespace(at).await {
                 kcp::KcpLookup::Known(view) => KcpRead::Known {

@@ -13,13 +13,30 @@ use std::sync::{Arc, Mutex};
 use futures::FutureExt as _;
 use futures::future::{BoxFuture, Shared};
 
-type Flight<T> = Shared<BoxFuture<'static, Result<T, String>>>;
-
-pub struct SingleFlight<K, T> {
-    table: Arc<Mutex<HashMap<K, Flight<T>>>>,
+/// Why a flight brought no answer. Every waiter gets a clone of the one answer (a `Shared`
+/// future), so the read's own error `E` is `Clone`, and the task's `JoinError`, which is not,
+/// is shared behind an `Arc` rather than flattened to its message.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FlightError<E> {
+    #[error("{0}")]
+    Read(E),
+    /// The read's task ended without an answer: it panicked, or the runtime is shutting down.
+    #[error("{what} failed: {join}")]
+    Died {
+        what: &'static str,
+        #[source]
+        join: Arc<tokio::task::JoinError>,
+    },
 }
 
-impl<K, T> Default for SingleFlight<K, T> {
+type Flight<T, E> = Shared<BoxFuture<'static, Result<T, FlightError<E>>>>;
+
+/// `E` is what a read fails with; a message unless the caller keeps a typed one.
+pub struct SingleFlight<K, T, E = String> {
+    table: Arc<Mutex<HashMap<K, Flight<T, E>>>>,
+}
+
+impl<K, T, E> Default for SingleFlight<K, T, E> {
     fn default() -> Self {
         SingleFlight {
             table: Arc::default(),
@@ -27,10 +44,11 @@ impl<K, T> Default for SingleFlight<K, T> {
     }
 }
 
-impl<K, T> SingleFlight<K, T>
+impl<K, T, E> SingleFlight<K, T, E>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     T: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
 {
     /// Join the read of `key` under way, or start one with `read` (called at once, under the
     /// table's lock, so it can note what the read began from). `what` names it if its task
@@ -40,9 +58,9 @@ where
         key: K,
         what: &'static str,
         read: impl FnOnce() -> F,
-    ) -> Result<T, String>
+    ) -> Result<T, FlightError<E>>
     where
-        F: Future<Output = Result<T, String>> + Send + 'static,
+        F: Future<Output = Result<T, E>> + Send + 'static,
     {
         let flight = {
             let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -57,8 +75,13 @@ where
                         answer
                     });
                     async move {
-                        task.await
-                            .unwrap_or_else(|e| Err(format!("{what} failed: {e}")))
+                        match task.await {
+                            Ok(answer) => answer.map_err(FlightError::Read),
+                            Err(join) => Err(FlightError::Died {
+                                what,
+                                join: Arc::new(join),
+                            }),
+                        }
                     }
                     .boxed()
                     .shared()
@@ -89,15 +112,16 @@ mod tests {
                         Ok(n)
                     })
                     .await
+                    .ok()
             }
         };
         let (a, b, c) = tokio::join!(ask(), ask(), ask());
-        assert_eq!((a, b, c), (Ok(1), Ok(1), Ok(1)));
-        assert_eq!(ask().await, Ok(2), "a finished read is not joined");
+        assert_eq!((a, b, c), (Some(1), Some(1), Some(1)));
+        assert_eq!(ask().await, Some(2), "a finished read is not joined");
         // A request that gives up leaves nothing behind for the next to join.
         let gave_up = tokio::time::timeout(Duration::from_millis(5), ask()).await;
         assert!(gave_up.is_err());
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(ask().await, Ok(4));
+        assert_eq!(ask().await, Some(4));
     }
 }

@@ -59,7 +59,20 @@ pub enum Start {
     RestoreOnly,
 }
 
-pub fn start(record: Option<&MoveRecord>, namespace: &str) -> Result<Start, String> {
+/// Why a run may not start from what the target's window recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    #[error(
+        "an --abort of the move of namespace {namespace:?} did not finish; run it again with --abort"
+    )]
+    AbortUnfinished { namespace: String },
+    #[error(
+        "the window records an unfinished move of namespace {namespace:?} ({phase}); finish it (same command with --namespace {namespace}) or abort it (--abort) first"
+    )]
+    OtherNamespace { namespace: String, phase: String },
+}
+
+pub fn start(record: Option<&MoveRecord>, namespace: &str) -> Result<Start, StartError> {
     let Some(r) = record else {
         return Ok(Start::Fresh);
     };
@@ -67,16 +80,15 @@ pub fn start(record: Option<&MoveRecord>, namespace: &str) -> Result<Start, Stri
         return Ok(Start::Fresh);
     }
     if r.phase == "Aborting" {
-        return Err(format!(
-            "an --abort of the move of namespace {:?} did not finish; run it again with --abort",
-            r.namespace
-        ));
+        return Err(StartError::AbortUnfinished {
+            namespace: r.namespace.clone(),
+        });
     }
     if r.namespace != namespace {
-        return Err(format!(
-            "the window records an unfinished move of namespace {:?} ({}); finish it (same command with --namespace {}) or abort it (--abort) first",
-            r.namespace, r.phase, r.namespace
-        ));
+        return Err(StartError::OtherNamespace {
+            namespace: r.namespace.clone(),
+            phase: r.phase.clone(),
+        });
     }
     Ok(match r.clusterctl_exit {
         Some(0) => Start::RestoreOnly,
@@ -109,16 +121,32 @@ pub fn resume(
     Start::Resume
 }
 
+/// Why handoff's block-move could not hold clusterctl until the source is stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockMoveError {
+    #[error(
+        "the namespace holds no Cluster, so nothing would hold clusterctl until the source's controllers are stopped; check --namespace"
+    )]
+    NoCluster,
+    /// These Clusters carry a block-move of someone else's.
+    #[error(
+        "Cluster {} already carries a {BLOCK_MOVE} that is not handoff's, which its owner lifts on its own time, so handoff's could not hold clusterctl until the source's controllers are stopped; remove it, or move by hand (handoff window open/close)",
+        .0.join(", ")
+    )]
+    Foreign(Vec<String>),
+}
+
 /// The Clusters handoff puts its block-move on: every Cluster in scope. `Err` when nothing
 /// would hold clusterctl until the source is stopped: no Cluster in scope, or one that already
 /// carries a block-move that is not handoff's (a provider's: it lifts it after the pause, on
 /// its own time, and handoff leaves it alone).
-pub fn add_block_move(clusters: &[ClusterSeen], window: &str) -> Result<Vec<String>, String> {
+pub fn add_block_move(
+    clusters: &[ClusterSeen],
+    window: &str,
+) -> Result<Vec<String>, BlockMoveError> {
     let ours = block_move_value(window);
     if clusters.is_empty() {
-        return Err(
-            "the namespace holds no Cluster, so nothing would hold clusterctl until the source's controllers are stopped; check --namespace".into(),
-        );
+        return Err(BlockMoveError::NoCluster);
     }
     let foreign: Vec<&str> = clusters
         .iter()
@@ -126,9 +154,8 @@ pub fn add_block_move(clusters: &[ClusterSeen], window: &str) -> Result<Vec<Stri
         .map(|c| c.key.as_str())
         .collect();
     if !foreign.is_empty() {
-        return Err(format!(
-            "Cluster {} already carries a {BLOCK_MOVE} that is not handoff's, which its owner lifts on its own time, so handoff's could not hold clusterctl until the source's controllers are stopped; remove it, or move by hand (handoff window open/close)",
-            foreign.join(", ")
+        return Err(BlockMoveError::Foreign(
+            foreign.into_iter().map(str::to_string).collect(),
         ));
     }
     Ok(clusters.iter().map(|c| c.key.clone()).collect())
@@ -144,6 +171,17 @@ pub fn to_unpause(seen_paused: &[String], at_start: &[String], now: &[ClusterSee
         .collect()
 }
 
+/// What the source's stop waits for, said as "waiting for …".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Waiting {
+    /// These Clusters, for clusterctl to pause them.
+    #[error("clusterctl to pause Cluster {}", .0.join(", "))]
+    Pause(Vec<String>),
+    /// These objects, for the providers to lift their block-move.
+    #[error("the providers to lift their {BLOCK_MOVE} from {}", .0.join(", "))]
+    BlockMove(Vec<String>),
+}
+
 /// Whether the source's controllers may be stopped: clusterctl has paused every Cluster in
 /// scope, and no object but handoff's block-move holds the move any more (the providers have
 /// lifted theirs, which they do only while their controllers run). `Err`: what it waits for.
@@ -151,16 +189,15 @@ pub fn source_ready(
     clusters: &[ClusterSeen],
     blocking: &[String],
     window: &str,
-) -> Result<(), String> {
+) -> Result<(), Waiting> {
     let unpaused: Vec<&str> = clusters
         .iter()
         .filter(|c| !c.paused)
         .map(|c| c.key.as_str())
         .collect();
     if !unpaused.is_empty() {
-        return Err(format!(
-            "clusterctl to pause Cluster {}",
-            unpaused.join(", ")
+        return Err(Waiting::Pause(
+            unpaused.into_iter().map(str::to_string).collect(),
         ));
     }
     let ours = block_move_value(window);
@@ -171,9 +208,8 @@ pub fn source_ready(
         .chain(blocking.iter().map(String::as_str))
         .collect();
     if !others.is_empty() {
-        return Err(format!(
-            "the providers to lift their {BLOCK_MOVE} from {}",
-            others.join(", ")
+        return Err(Waiting::BlockMove(
+            others.into_iter().map(str::to_string).collect(),
         ));
     }
     Ok(())
@@ -341,7 +377,9 @@ mod tests {
             start(Some(&record("Restoring", Some(0))), "clusters"),
             Ok(Start::RestoreOnly)
         );
-        let other = start(Some(&record("Failed", Some(1))), "elsewhere").unwrap_err();
+        let other = start(Some(&record("Failed", Some(1))), "elsewhere")
+            .unwrap_err()
+            .to_string();
         assert!(other.contains("--namespace clusters"), "{other}");
     }
 
@@ -376,8 +414,18 @@ mod tests {
         assert_eq!(add_block_move(&clusters, "w").unwrap(), ["ns/a", "ns/c"]);
         // A provider's own block-move on a Cluster: nothing of handoff's would hold clusterctl.
         let theirs = [c("ns/a", false, None), c("ns/b", false, Some(""))];
-        assert!(add_block_move(&theirs, "w").unwrap_err().contains("ns/b"));
-        assert!(add_block_move(&[], "w").unwrap_err().contains("no Cluster"));
+        assert!(
+            add_block_move(&theirs, "w")
+                .unwrap_err()
+                .to_string()
+                .contains("ns/b")
+        );
+        assert!(
+            add_block_move(&[], "w")
+                .unwrap_err()
+                .to_string()
+                .contains("no Cluster")
+        );
     }
 
     #[test]
@@ -387,10 +435,13 @@ mod tests {
         assert!(
             source_ready(&running, &[], "w")
                 .unwrap_err()
+                .to_string()
                 .contains("pause Cluster ns/a")
         );
         let paused = [c("ns/a", true, Some(&ours))];
-        let blocked = source_ready(&paused, &["DockerCluster ns/a".into()], "w").unwrap_err();
+        let blocked = source_ready(&paused, &["DockerCluster ns/a".into()], "w")
+            .unwrap_err()
+            .to_string();
         assert!(blocked.contains("DockerCluster ns/a"), "{blocked}");
         // A provider's block-move on the Cluster itself counts; handoff's own does not.
         let theirs = [c("ns/a", true, Some(""))];

@@ -1,0 +1,258 @@
+//! clusterctl's run inside `handoff move`: handoff's block-move holds clusterctl until the
+//! source's controllers are proven stopped, then is lifted so that clusterctl copies; and
+//! `--dry-run`, which runs clusterctl's own dry run beside handoff's plan.
+
+use std::io::Write;
+
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::super::common::{Cluster, Result, WindowError};
+use super::super::move_plan::{self, BLOCK_MOVE, ClusterctlFlags};
+use super::super::open::{OpenOptions, open, plan_open};
+use super::child::{Child, ExitStatus, Signals};
+use super::cluster_api::{self, CLUSTERS, clusters_in, scan};
+use super::{MoveOptions, note, phase};
+
+/// Remove handoff's block-move from every Cluster of `ns` that carries it (and only
+/// handoff's): it must never be copied to the target or hold the next move.
+pub async fn lift_block_move(
+    source: &Cluster,
+    target: &Cluster,
+    window: &str,
+    ns: &str,
+) -> Result<Vec<String>> {
+    let ours = move_plan::block_move_value(window);
+    let mut lifted = Vec::new();
+    for cl in clusters_in(source, ns).await? {
+        if cl.block_move.as_deref() == Some(&ours)
+            && cluster_api::patch(
+                source,
+                CLUSTERS,
+                &cl.key,
+                json!({"metadata": {"annotations": {BLOCK_MOVE: null}}}),
+                "removing handoff's block-move from",
+            )
+            .await?
+        {
+            lifted.push(cl.key);
+        }
+    }
+    note(target, window, |m| m.block_move.clear()).await?;
+    Ok(lifted)
+}
+
+pub fn render_args(f: &ClusterctlFlags) -> String {
+    move_plan::clusterctl_args(f)
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub struct Ran {
+    pub status: ExitStatus,
+    pub interrupted: bool,
+    /// When the source was proven stopped and handoff lifted its block-move.
+    pub source_stopped: Option<Instant>,
+}
+
+/// Stop the source's controllers (proven), then record that clusterctl may copy. The lift of
+/// handoff's block-move comes after, and only once this returned.
+async fn stop_source(
+    source: &Cluster,
+    target: &Cluster,
+    source_opts: &OpenOptions,
+    window: &str,
+    paused: &[String],
+    out: &mut dyn Write,
+) -> Result<()> {
+    note(target, window, |m| {
+        m.phase = "Stopping source".into();
+        m.paused_by_clusterctl = paused.to_vec();
+    })
+    .await?;
+    let p = phase(
+        out,
+        "clusterctl paused the source and the providers lifted their block-move: stopping the source's controllers",
+    );
+    open(std::slice::from_ref(source), source_opts, out).await?;
+    p.done(out, "the source's controllers are stopped");
+    note(target, window, |m| m.phase = "Copying".into()).await
+}
+
+/// Run clusterctl to its end. Meanwhile: once clusterctl has paused the source and the
+/// providers have lifted their block-move, stop the source's controllers (proven), then lift
+/// handoff's block-move so that clusterctl copies. SIGINT and SIGTERM go to clusterctl first,
+/// also while the source is being stopped (then handoff's block-move stays until clusterctl
+/// has stopped, so nothing is copied).
+pub async fn run_clusterctl(
+    source: &Cluster,
+    target: &Cluster,
+    source_opts: &OpenOptions,
+    opts: &MoveOptions,
+    stopped_already: bool,
+    signals: &mut Signals,
+    out: &mut dyn Write,
+) -> Result<Ran> {
+    let ns = &opts.flags.namespace;
+    let mut child = Child::spawn(&opts.clusterctl, &opts.flags, source)?;
+    let mut interrupted = false;
+    let mut source_stopped = stopped_already.then(Instant::now);
+    let mut last_wait = None;
+    let mut tick = tokio::time::interval(opts.poll);
+    let forward = |child: &Child, sig: i32, out: &mut dyn Write| {
+        let name = if sig == libc::SIGINT {
+            "SIGINT"
+        } else {
+            "SIGTERM"
+        };
+        let _ = writeln!(
+            out,
+            "handoff move: interrupted; passing {name} to clusterctl and waiting for it to stop"
+        );
+        child.signal(sig);
+    };
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            sig = signals.next() => {
+                interrupted = true;
+                forward(&child, sig, out);
+            }
+            _ = tick.tick(), if source_stopped.is_none() && !interrupted => {
+                let read = async {
+                    Ok::<_, WindowError>((clusters_in(source, ns).await?, scan(source, ns).await?.blocking))
+                };
+                let (clusters, blocking) = match read.await {
+                    Ok(v) => v,
+                    // A read that fails is retried at the next tick; clusterctl keeps waiting.
+                    Err(e) => {
+                        let _ = writeln!(out, "warning: {e}; trying again");
+                        continue;
+                    }
+                };
+                if let Err(waiting) = move_plan::source_ready(&clusters, &blocking, &opts.window) {
+                    if last_wait.as_ref() != Some(&waiting) {
+                        let _ = writeln!(out, "handoff move: waiting for {waiting}");
+                        last_wait = Some(waiting);
+                    }
+                    continue;
+                }
+                let paused: Vec<String> = clusters.iter().filter(|c| c.paused).map(|c| c.key.clone()).collect();
+                let stopped = tokio::select! {
+                    r = stop_source(source, target, source_opts, &opts.window, &paused, out) => Some(r),
+                    sig = signals.next() => {
+                        interrupted = true;
+                        child.signal(sig);
+                        None
+                    }
+                };
+                match stopped {
+                    // Interrupted: clusterctl stops; handoff's block-move holds it meanwhile.
+                    None => {
+                        let _ = writeln!(out, "handoff move: interrupted while stopping the source; passed the signal to clusterctl, which copies nothing");
+                    }
+                    Some(Ok(())) => {
+                        match lift_block_move(source, target, &opts.window, ns).await {
+                            Ok(lifted) if !lifted.is_empty() => {
+                                let _ = writeln!(out, "source: lifted handoff's {BLOCK_MOVE} from {}: clusterctl copies now", lifted.join(", "));
+                            }
+                            Ok(_) => {}
+                            // clusterctl stays held until it gives up; the way out lifts again.
+                            Err(e) => {
+                                let _ = writeln!(out, "warning: {e}; clusterctl stays held by handoff's block-move");
+                            }
+                        }
+                        source_stopped = Some(Instant::now());
+                    }
+                    // The source could not be stopped: clusterctl must not copy with its
+                    // controllers running, and handoff's block-move still holds it.
+                    Some(Err(e)) => {
+                        let _ = writeln!(out, "handoff move: {e}; stopping clusterctl before it copies anything");
+                        child.stop().await;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    };
+    let status = status.map_err(|e| WindowError::Refused {
+        cluster: source.label.clone(),
+        message: format!("waiting for clusterctl: {e}"),
+    })?;
+    Ok(Ran {
+        status,
+        interrupted,
+        source_stopped,
+    })
+}
+
+/// `--dry-run`: clusterctl's own dry run, and handoff's plan for both clusters; nothing is
+/// written.
+pub async fn dry_run(
+    source: &Cluster,
+    target: &Cluster,
+    opts: &MoveOptions,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let ns = &opts.flags.namespace;
+    let _ = writeln!(
+        out,
+        "handoff move --dry-run: what handoff would do around clusterctl move (nothing is written)"
+    );
+    let _ = writeln!(out, "1. stop the target's controllers:");
+    plan_open(std::slice::from_ref(target), &opts.open, out).await?;
+    let clusters = clusters_in(source, ns).await?;
+    match move_plan::add_block_move(&clusters, &opts.window) {
+        Ok(add) => {
+            let _ = writeln!(
+                out,
+                "2. put {BLOCK_MOVE} on Cluster {} in the source, and run clusterctl move",
+                add.join(", ")
+            );
+        }
+        Err(why) => {
+            let _ = writeln!(out, "2. would refuse: {why}");
+        }
+    }
+    let paused: Vec<&str> = clusters
+        .iter()
+        .filter(|c| c.paused)
+        .map(|c| c.key.as_str())
+        .collect();
+    if !paused.is_empty() {
+        let _ = writeln!(
+            out,
+            "   would refuse: Clusters paused already ({})",
+            paused.join(", ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "3. once clusterctl has paused them and the providers lifted their block-move, stop the source's controllers:"
+    );
+    plan_open(std::slice::from_ref(source), &opts.open, out).await?;
+    let _ = writeln!(
+        out,
+        "4. after clusterctl succeeds: restore the target's controllers, then the source's"
+    );
+    let _ = writeln!(
+        out,
+        "handoff move --dry-run: running {} {}",
+        opts.clusterctl.display(),
+        render_args(&opts.flags)
+    );
+    let mut child = Child::spawn(&opts.clusterctl, &opts.flags, source)?;
+    let status = child.wait().await.map_err(|e| WindowError::Refused {
+        cluster: source.label.clone(),
+        message: format!("waiting for clusterctl: {e}"),
+    })?;
+    match status.code {
+        Some(0) => Ok(()),
+        _ => Err(WindowError::Clusterctl {
+            code: status.exit_code(),
+            help: format!("clusterctl move --dry-run exited {}", status.describe()),
+        }),
+    }
+}

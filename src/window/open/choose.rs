@@ -1,0 +1,227 @@
+//! What `handoff window open` will do, read without writing anything: the selector and stop
+//! policy in force, how each selected Deployment is stopped, and `plan_open`, which prints it
+//! for a dry run.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use super::super::common::{
+    Cluster, Result, WindowError, dep_key, read_window, selected_deployments,
+};
+use super::super::lease;
+use super::super::plan::{self, LeaseSeen, PinPlan, StopChoice};
+use super::super::preflight::{Finding, preflight};
+use super::OpenOptions;
+use crate::resources::move_window::{MoveWindowSpec, PinnedDeployment, StopPolicy};
+use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
+use crate::rules::selector::Selector;
+
+/// How `open` will stop one selected Deployment on one cluster.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    pub namespace: String,
+    pub name: String,
+    /// `spec.replicas` now.
+    pub replicas: i32,
+    pub plan: Stop,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// These Leases, as seen now.
+    Lease(Vec<LeaseSeen>),
+    Scale(PinPlan),
+}
+
+impl Choice {
+    pub fn what(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Whether the preflight's `finding` is about a Deployment stopped by Lease (its webhooks keep
+/// serving).
+pub fn leased(choices: &[Choice], finding: &Finding) -> bool {
+    choices
+        .iter()
+        .any(|ch| ch.what() == finding.deployment && matches!(ch.plan, Stop::Lease(_)))
+}
+
+/// Read what `open` needs to choose, and choose (nothing is written): every selected
+/// Deployment, the Leases of their namespaces, and what the window already recorded.
+pub async fn choose(
+    c: &Cluster,
+    opts: &OpenOptions,
+) -> Result<(Selector, StopPolicy, Vec<Choice>)> {
+    let (selector, policy, recorded) = in_force(c, opts).await?;
+    let deployments = selected_deployments(c, &selector, &opts.own).await?;
+    let mut by_ns: BTreeMap<String, Vec<LeaseSeen>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for d in deployments {
+        let (ns, name) = dep_key(&d);
+        if !by_ns.contains_key(&ns) {
+            by_ns.insert(ns.clone(), lease::leases_in(c, &ns).await?);
+        }
+        let leases = &by_ns[&ns];
+        let claims = plan::claims(&name, leases, &opts.name);
+        let rec = recorded
+            .iter()
+            .find(|p| p.namespace == ns && p.name == name);
+        let what = format!("{ns}/{name}");
+        let stop = match plan::choose_stop(policy, &what, rec, &claims) {
+            StopChoice::Refuse(message) => {
+                return Err(WindowError::Refused {
+                    cluster: c.label.clone(),
+                    message,
+                });
+            }
+            StopChoice::Scale => Stop::Scale(plan::pin_plan(&d)),
+            StopChoice::Lease(names) => {
+                let mut seen = Vec::new();
+                for n in names {
+                    match leases.iter().find(|l| l.name == n) {
+                        Some(l) => seen.push(l.clone()),
+                        // Recorded by an earlier run, deleted since: a candidate re-creates
+                        // it, and the next run takes it from there.
+                        None => {
+                            return Err(WindowError::Refused {
+                                cluster: c.label.clone(),
+                                message: format!(
+                                    "{what}: the window recorded Lease {ns}/{n}, which no longer exists; wait until a replica re-creates it (it leads meanwhile) and run the command again"
+                                ),
+                            });
+                        }
+                    }
+                }
+                Stop::Lease(seen)
+            }
+        };
+        out.push(Choice {
+            replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+            namespace: ns,
+            name,
+            plan: stop,
+        });
+    }
+    Ok((selector, policy, out))
+}
+
+/// What `open` would do on each cluster, read without writing anything: the preflight, the
+/// window it would create or re-open, and how it would stop each Deployment.
+pub async fn plan_open(
+    clusters: &[Cluster],
+    opts: &OpenOptions,
+    out: &mut dyn Write,
+) -> Result<()> {
+    for c in clusters {
+        let (selector, policy, choices) = choose(c, opts).await?;
+        let findings = preflight(c, &selector, &opts.own).await?;
+        let window = match &read_window(c, &opts.name).await? {
+            None => format!("would create MoveWindow {} (Open)", opts.name),
+            Some(w) if w.spec.is_open() => format!("MoveWindow {} is already open", opts.name),
+            Some(_) => format!("would re-open MoveWindow {}", opts.name),
+        };
+        let _ = writeln!(
+            out,
+            "{}: {window}, selecting {selector}, stopping by {policy:?}",
+            c.label
+        );
+        for f in &findings {
+            let verdict = match (leased(&choices, f), opts.allow_webhook_outage) {
+                (true, _) => "stopped by Lease: its webhooks keep serving",
+                (false, true) => "allowed by --allow-webhook-outage",
+                (false, false) => "open would refuse without --allow-webhook-outage",
+            };
+            let _ = writeln!(out, "{}: preflight: {f} ({verdict})", c.label);
+        }
+        if choices.is_empty() {
+            let _ = writeln!(out, "{}: no Deployment matches {selector}", c.label);
+        }
+        for ch in &choices {
+            let what = match &ch.plan {
+                Stop::Lease(leases) => leases
+                    .iter()
+                    .map(|l| match l.window() {
+                        Some(_) => format!(
+                            "Lease: {} already held (taken from {})",
+                            l.name,
+                            l.former_holder.as_deref().unwrap_or("?")
+                        ),
+                        None => format!(
+                            "Lease: would hold {} (held by {}, leaseDurationSeconds {})",
+                            l.name,
+                            if l.holder.is_empty() {
+                                "nobody"
+                            } else {
+                                &l.holder
+                            },
+                            l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS)
+                        ),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                Stop::Scale(PinPlan::AlreadyPinned(s)) => {
+                    format!("Scale: already pinned (restores to {s})")
+                }
+                Stop::Scale(PinPlan::PinnedUnreadable) => format!(
+                    "Scale: already at 0 with an unreadable {SAVED_REPLICAS_ANNOTATION} (close would restore 1)"
+                ),
+                Stop::Scale(PinPlan::Save(0)) => "Scale: already at 0: would save 0".to_string(),
+                Stop::Scale(PinPlan::Save(n)) => {
+                    format!("Scale: would pin to 0 replicas, saving {n}")
+                }
+            };
+            let _ = writeln!(out, "{}: {}: {what}", c.label, ch.what());
+        }
+    }
+    let _ = writeln!(out, "dry run: nothing was written");
+    Ok(())
+}
+
+/// What `open` will act by on this cluster, read without writing anything: the selector and
+/// stop policy in force (an existing window's own, else the flags, else the defaults) and what
+/// the window already recorded.
+pub async fn in_force(
+    c: &Cluster,
+    opts: &OpenOptions,
+) -> Result<(Selector, StopPolicy, Vec<PinnedDeployment>)> {
+    let refused = |message: String| WindowError::Refused {
+        cluster: c.label.clone(),
+        message,
+    };
+    let Some(w) = read_window(c, &opts.name).await? else {
+        let selector = match &opts.selector {
+            Some(sel) => Selector::from_label_selector(sel)
+                .map_err(|e| refused(format!("--selector: {e}")))?,
+            None => MoveWindowSpec::default_selector(),
+        };
+        return Ok((selector, opts.stop.unwrap_or_default(), vec![]));
+    };
+    if let Some(sel) = &opts.selector
+        && w.spec.deployment_selector.as_ref() != Some(sel)
+    {
+        return Err(refused(format!(
+            "MoveWindow {} already exists with another deploymentSelector; close it and delete it, or open it without --selector",
+            opts.name
+        )));
+    }
+    let policy = w.spec.stop.unwrap_or_default();
+    if let Some(stop) = opts.stop
+        && stop != policy
+    {
+        return Err(refused(format!(
+            "MoveWindow {} already exists with spec.stop {policy:?}; close it and delete it, or open it without --stop",
+            opts.name
+        )));
+    }
+    let selector = w
+        .spec
+        .selector()
+        .map_err(|e| refused(format!("MoveWindow {}: {e}", opts.name)))?;
+    // A window closed since recorded history, not a plan to finish.
+    let recorded = match w.spec.is_open() {
+        true => w.status.map(|s| s.pinned).unwrap_or_default(),
+        false => vec![],
+    };
+    Ok((selector, policy, recorded))
+}
