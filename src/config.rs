@@ -45,15 +45,13 @@ pub struct ExemptionEntry {
 }
 
 impl ExemptionEntry {
-    fn exemption(&self, i: usize) -> Result<Exemption, String> {
+    fn exemption(&self, index: usize) -> Result<Exemption, InvalidConfig> {
         match (&self.username, &self.group) {
             (Some(u), None) if !u.trim().is_empty() => Ok(Exemption::Username(u.clone())),
             (None, Some(g)) if !g.trim().is_empty() => Ok(Exemption::Group(g.clone())),
-            (Some(_), None) => Err(format!("exemptions[{i}].username is empty")),
-            (None, Some(_)) => Err(format!("exemptions[{i}].group is empty")),
-            _ => Err(format!(
-                "exemptions[{i}] needs exactly one of username or group"
-            )),
+            (Some(_), None) => Err(InvalidConfig::ExemptionUsernameEmpty { index }),
+            (None, Some(_)) => Err(InvalidConfig::ExemptionGroupEmpty { index }),
+            _ => Err(InvalidConfig::ExemptionNeedsOne { index }),
         }
     }
 }
@@ -87,8 +85,36 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error("config file {path}: {message}")]
-    Invalid { path: String, message: String },
+    #[error("config file {path}: {source}")]
+    Invalid {
+        path: String,
+        #[source]
+        source: InvalidConfig,
+    },
+}
+
+/// What is wrong with a config file's contents; each message names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidConfig {
+    #[error(transparent)]
+    NotUtf8(#[from] std::str::Utf8Error),
+    /// Not YAML, an unknown field, or a value of the wrong type.
+    #[error(transparent)]
+    Yaml(#[from] crate::yaml::YamlError),
+    #[error("annotationDomains: give at least one domain such as kcp.io, without '/'")]
+    AnnotationDomains,
+    #[error("keySchemes: give at least one of current, legacy")]
+    KeySchemes,
+    #[error("syncTargets[{index}].username: must not be empty")]
+    SyncTargetUsernameEmpty { index: usize },
+    #[error("syncTargets[{index}] ({username}): give either key, or both cluster and name")]
+    SyncTargetKeyOrName { index: usize, username: String },
+    #[error("exemptions[{index}].username is empty")]
+    ExemptionUsernameEmpty { index: usize },
+    #[error("exemptions[{index}].group is empty")]
+    ExemptionGroupEmpty { index: usize },
+    #[error("exemptions[{index}] needs exactly one of username or group")]
+    ExemptionNeedsOne { index: usize },
 }
 
 impl ConfigFile {
@@ -98,15 +124,15 @@ impl ConfigFile {
             path: p.clone(),
             source,
         })?;
-        Self::parse(&text).map_err(|message| ConfigError::Invalid { path: p, message })
+        Self::parse(&text).map_err(|source| ConfigError::Invalid { path: p, source })
     }
 
     /// Parse and check; the error names the field.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, InvalidConfig> {
         let cfg: ConfigFile = if text.trim().is_empty() {
             ConfigFile::default()
         } else {
-            crate::yaml::from_str(text).map_err(|e| e.to_string())?
+            crate::yaml::from_str(text)?
         };
         cfg.identities()?;
         for (i, e) in cfg.exemptions.iter().enumerate() {
@@ -129,28 +155,25 @@ impl ConfigFile {
         }
     }
 
-    pub fn identities(&self) -> Result<Identities, String> {
+    pub fn identities(&self) -> Result<Identities, InvalidConfig> {
         let domains = self
             .annotation_domains
             .clone()
             .unwrap_or_else(|| vec!["kcp.io".into(), "kcp.dev".into()]);
         if domains.is_empty() || domains.iter().any(|d| d.is_empty() || d.contains('/')) {
-            return Err(
-                "annotationDomains: give at least one domain such as kcp.io, without '/'".into(),
-            );
+            return Err(InvalidConfig::AnnotationDomains);
         }
         let schemes = self
             .key_schemes
             .clone()
             .unwrap_or_else(|| vec![KeyScheme::Current, KeyScheme::Legacy]);
         if schemes.is_empty() {
-            return Err("keySchemes: give at least one of current, legacy".into());
+            return Err(InvalidConfig::KeySchemes);
         }
         let mut ids = Identities::new(&domains, &schemes);
-        for (i, e) in self.sync_targets.iter().enumerate() {
-            let at = format!("syncTargets[{i}]");
+        for (index, e) in self.sync_targets.iter().enumerate() {
             if e.username.is_empty() {
-                return Err(format!("{at}.username: must not be empty"));
+                return Err(InvalidConfig::SyncTargetUsernameEmpty { index });
             }
             match (&e.key, &e.cluster, &e.name) {
                 (Some(k), None, None) if !k.is_empty() => ids.add_key(&e.username, k),
@@ -158,10 +181,10 @@ impl ConfigFile {
                     ids.add_cluster_name(&e.username, c, n)
                 }
                 _ => {
-                    return Err(format!(
-                        "{at} ({}): give either key, or both cluster and name",
-                        e.username
-                    ));
+                    return Err(InvalidConfig::SyncTargetKeyOrName {
+                        index,
+                        username: e.username.clone(),
+                    });
                 }
             }
         }
@@ -197,7 +220,7 @@ mod tests {
             ("keySchemes: []", "keySchemes"),
             ("annotationDomains: []", "annotationDomains"),
         ] {
-            let err = ConfigFile::parse(text).unwrap_err();
+            let err = ConfigFile::parse(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text}: {err}");
         }
     }

@@ -18,7 +18,7 @@ use super::metrics::Metrics;
 use super::tls::{CertSource, CertStore};
 use super::{App, Limits};
 use crate::admission_policy::ParamsRef;
-use crate::config::ConfigFile;
+use crate::config::{ConfigFile, InvalidConfig};
 use crate::state::State;
 
 /// How often the kcp mirror compares each located namespace with its kcp namespace.
@@ -218,7 +218,7 @@ async fn watch_config(path: PathBuf, state: Arc<State>, metrics: Arc<Metrics>) {
         }
         applied = seen.take();
         let parsed = std::str::from_utf8(&now)
-            .map_err(|e| e.to_string())
+            .map_err(InvalidConfig::from)
             .and_then(ConfigFile::parse);
         match parsed {
             Err(e) => {
