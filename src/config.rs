@@ -93,14 +93,21 @@ pub enum ConfigError {
     },
 }
 
+impl From<crate::yaml::YamlError> for InvalidConfig {
+    fn from(e: crate::yaml::YamlError) -> Self {
+        InvalidConfig::Yaml(Box::new(e))
+    }
+}
+
 /// What is wrong with a config file's contents; each message names the field.
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidConfig {
     #[error(transparent)]
     NotUtf8(#[from] std::str::Utf8Error),
-    /// Not YAML, an unknown field, or a value of the wrong type.
+    /// Not YAML, an unknown field, or a value of the wrong type. Boxed: the parser's error is
+    /// large, and every `Result` of this type would carry its size.
     #[error(transparent)]
-    Yaml(#[from] crate::yaml::YamlError),
+    Yaml(Box<crate::yaml::YamlError>),
     #[error("annotationDomains: give at least one domain such as kcp.io, without '/'")]
     AnnotationDomains,
     #[error("keySchemes: give at least one of current, legacy")]
