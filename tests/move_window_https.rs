@@ -339,7 +339,7 @@ async fn an_apps_scale_up_passes_whatever_the_pin_cannot_know() {
         let mut s = with_app(fixture_state());
         s.windows.upsert(&window(WindowState::Open));
         s.stale_after = std::time::Duration::ZERO;
-        s.health.windows.failed("connection refused");
+        s.watches.windows.failed("connection refused");
         s
     };
     let invalid = {
@@ -384,7 +384,7 @@ async fn an_apps_scale_up_passes_whatever_the_pin_cannot_know() {
 async fn a_pinned_controllers_scale_up_is_still_pinned_with_the_deployment_watch_down() {
     let mut state = pinned_state();
     state.stale_after = std::time::Duration::ZERO;
-    state.health.deployments.failed("connection refused");
+    state.watches.deployments.failed("connection refused");
     let server = TestServer::start_with(Arc::new(state), Options::default()).await;
     let mut client = server.connect(support::https::Proto::H2).await;
     let r = client

@@ -295,9 +295,9 @@ impl Metrics {
         self.pinned_deployments
             .set(state.deployments.count_selected(&windows.open) as i64);
         let watches: [(&'static str, &WatchHealth, bool); 3] = [
-            ("namespaces", &state.health.namespaces, state.serving.guard),
-            ("movewindows", &state.health.windows, state.serving.pin),
-            ("deployments", &state.health.deployments, state.serving.pin),
+            ("namespaces", &state.watches.namespaces, state.serving.guard),
+            ("movewindows", &state.watches.windows, state.serving.pin),
+            ("deployments", &state.watches.deployments, state.serving.pin),
         ];
         for (watch, h, served) in watches {
             if served {

@@ -72,19 +72,24 @@ pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
     let cache = &state.namespaces;
     // Every event proves the view current (a finished listing proves itself, in
     // `end_relist`); a part of a listing still under way proves nothing yet.
-    run(api, "namespaces", &state.health.namespaces, |ev| match ev {
-        Event::Init => cache.begin_relist(),
-        Event::InitApply(o) => cache.relist_apply(&name(&o), meta(&o)),
-        Event::InitDone => cache.end_relist(),
-        Event::Apply(o) => {
-            cache.upsert(&name(&o), meta(&o));
-            cache.prove();
-        }
-        Event::Delete(o) => {
-            cache.remove(o.metadata.name.as_deref().unwrap_or_default());
-            cache.prove();
-        }
-    })
+    run(
+        api,
+        "namespaces",
+        &state.watches.namespaces,
+        |ev| match ev {
+            Event::Init => cache.begin_relist(),
+            Event::InitApply(o) => cache.relist_apply(&name(&o), meta(&o)),
+            Event::InitDone => cache.end_relist(),
+            Event::Apply(o) => {
+                cache.upsert(&name(&o), meta(&o));
+                cache.prove();
+            }
+            Event::Delete(o) => {
+                cache.remove(o.metadata.name.as_deref().unwrap_or_default());
+                cache.prove();
+            }
+        },
+    )
     .await
 }
 
@@ -92,7 +97,7 @@ pub async fn watch_namespaces(client: kube::Client, state: Arc<State>) {
 pub async fn watch_windows(client: kube::Client, state: Arc<State>) {
     let api: Api<MoveWindow> = Api::all(client);
     let cache = &state.windows;
-    run(api, "movewindows", &state.health.windows, |ev| match ev {
+    run(api, "movewindows", &state.watches.windows, |ev| match ev {
         Event::Init => cache.begin_relist(),
         Event::InitApply(w) => cache.relist_apply(&w),
         Event::InitDone => cache.end_relist(),
@@ -117,7 +122,7 @@ pub async fn watch_deployments(client: kube::Client, state: Arc<State>) {
     run(
         api,
         "deployments",
-        &state.health.deployments,
+        &state.watches.deployments,
         |ev| match ev {
             Event::Init => cache.begin_relist(),
             Event::InitApply(d) => {

@@ -144,9 +144,9 @@ impl WatchHealth {
     }
 }
 
-/// One `WatchHealth` per watch.
+/// How each watch is doing: one `WatchHealth` per watch.
 #[derive(Debug, Default)]
-pub struct Health {
+pub struct Watches {
     pub namespaces: WatchHealth,
     pub windows: WatchHealth,
     pub deployments: WatchHealth,
@@ -186,7 +186,7 @@ pub struct State {
     pub own: OwnDeployment,
     /// How long a cache-miss fetch may take before the decision gives up and denies.
     pub api_timeout: Duration,
-    pub health: Health,
+    pub watches: Watches,
     /// How long a watch may fail before its cache counts as stale.
     pub stale_after: Duration,
     /// How old a namespace view may be before a sync target's delete is allowed on it only
@@ -220,7 +220,7 @@ impl State {
                 name: "handoff-pin".into(),
             },
             api_timeout: Duration::from_secs(3),
-            health: Health::default(),
+            watches: Watches::default(),
             stale_after: Duration::from_secs(30),
             max_staleness: Duration::from_secs(10),
             kcp: None,
@@ -242,16 +242,16 @@ impl State {
 
     /// Why the namespace cache cannot be trusted now, if it cannot.
     pub fn namespaces_stale(&self) -> Option<String> {
-        self.health.namespaces.stale("namespace", self.stale_after)
+        self.watches.namespaces.stale("namespace", self.stale_after)
     }
 
     /// Why the pin's caches cannot be trusted now, if they cannot.
     pub fn windows_stale(&self) -> Option<String> {
-        self.health
+        self.watches
             .windows
             .stale("MoveWindow", self.stale_after)
             .or_else(|| {
-                self.health
+                self.watches
                     .deployments
                     .stale("Deployment", self.stale_after)
             })
@@ -262,7 +262,7 @@ impl State {
         if !self.windows.is_synced() {
             return Some(Unseen::NotListed);
         }
-        self.health
+        self.watches
             .windows
             .stale("MoveWindow", self.stale_after)
             .map(Unseen::Stale)

@@ -60,7 +60,7 @@ async fn decide_move_window(
         Some((namespace, name)) => {
             lookup = state.deployment(namespace, name, deadline).await;
             stale = state
-                .health
+                .watches
                 .deployments
                 .stale("Deployment", state.stale_after);
             pin.with_parent(lookup.parent(stale.as_deref()))

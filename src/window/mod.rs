@@ -21,4 +21,4 @@ pub use common::{Cluster, WindowError};
 pub use mover::{MoveOptions, run as move_run};
 pub use open::{OpenOptions, check, open, plan_open};
 pub use preflight::{Finding, preflight};
-pub use status::{DeploymentView, LeaseView, WindowView, render_table, status};
+pub use status::{DeploymentReport, LeaseReport, WindowReport, render_table, status};

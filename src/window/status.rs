@@ -13,9 +13,9 @@ use super::lease;
 use crate::resources::move_window::{MoveRole, MoveWindow, Strategy, WindowState};
 use crate::rules::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
 
-/// One window as `status` shows it, with the live state of its Deployments.
+/// One window as `handoff window status` reports it, with the live state of its Deployments.
 #[derive(Debug, Clone, Serialize)]
-pub struct WindowView {
+pub struct WindowReport {
     pub cluster: String,
     pub name: String,
     pub state: WindowState,
@@ -26,11 +26,11 @@ pub struct WindowView {
     pub last_step: Option<String>,
     /// Who opened it: the only user who may write its held Leases.
     pub operator: Option<String>,
-    pub deployments: Vec<DeploymentView>,
+    pub deployments: Vec<DeploymentReport>,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct DeploymentView {
+pub struct DeploymentReport {
     pub namespace: String,
     pub name: String,
     /// How the window stops it (`None`: selected, not stopped yet).
@@ -45,12 +45,12 @@ pub struct DeploymentView {
     pub note: Option<String>,
     /// Lease: when no former leader can be leading any more.
     pub stopped_since: Option<String>,
-    pub leases: Vec<LeaseView>,
+    pub leases: Vec<LeaseReport>,
 }
 
 /// One Lease a window holds or held for a Deployment.
 #[derive(Debug, Clone, Serialize)]
-pub struct LeaseView {
+pub struct LeaseReport {
     pub name: String,
     /// The window that holds it now, read from the Lease (`None`: free or taken back).
     pub held_by: Option<String>,
@@ -65,7 +65,7 @@ pub async fn status(
     clusters: &[Cluster],
     name: Option<&str>,
     own: &OwnDeployment,
-) -> Result<Vec<WindowView>> {
+) -> Result<Vec<WindowReport>> {
     let mut views = Vec::new();
     for c in clusters {
         let windows = match name {
@@ -104,7 +104,7 @@ pub async fn status(
                     .find(|p| p.namespace == ns && p.name == dname);
                 let mut leases = Vec::new();
                 for l in rec.map(|p| p.leases.as_slice()).unwrap_or_default() {
-                    leases.push(LeaseView {
+                    leases.push(LeaseReport {
                         held_by: lease::held_by(c, &ns, &l.name).await?,
                         name: l.name.clone(),
                         former_holder: l.former_holder.clone(),
@@ -114,7 +114,7 @@ pub async fn status(
                         leads_again: l.leads_again.clone(),
                     });
                 }
-                deployments.push(DeploymentView {
+                deployments.push(DeploymentReport {
                     strategy: rec.map(|p| p.strategy()),
                     stopped_since: rec.and_then(|p| p.stopped_since.clone()),
                     leases,
@@ -133,7 +133,7 @@ pub async fn status(
                     name: dname,
                 });
             }
-            views.push(WindowView {
+            views.push(WindowReport {
                 cluster: c.label.clone(),
                 name: w.metadata.name.clone().unwrap_or_default(),
                 state: w.spec.state,
@@ -155,7 +155,7 @@ pub async fn status(
 }
 
 /// The `status` table.
-pub fn render_table(views: &[WindowView]) -> String {
+pub fn render_table(views: &[WindowReport]) -> String {
     let mut s = String::new();
     if views.is_empty() {
         return "no MoveWindows\n".into();
