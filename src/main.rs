@@ -59,9 +59,27 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::from(u8::try_from(*code).unwrap_or(1).max(1))
             }
             _ => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", one_message(&e));
                 std::process::ExitCode::FAILURE
             }
         },
     }
+}
+
+/// The error and its causes on one line, each said once. Most of the library's errors name
+/// their cause in their own message and also keep it as `source()` for callers that branch
+/// on it; anyhow's `{:#}` would print such a cause twice.
+fn one_message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }

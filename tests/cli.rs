@@ -210,6 +210,63 @@ fn certs_writes_a_usable_pair_and_prints_the_ca_bundle() {
     handoff::server::tls::certified_key(&cert, &key, "tls.crt", "tls.key").expect("pair loads");
 }
 
+/// The whole error line: each cause said once (the library's errors name their cause and keep
+/// it as `source()` too), and a bad certificate named before anything about the state.
+#[test]
+fn a_start_up_error_is_one_line_that_says_each_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = fixtures_dir().join("state");
+    let missing = dir.path().join("missing.yaml");
+    let empty_exemption = dir.path().join("config.yaml");
+    std::fs::write(&empty_exemption, "exemptions:\n- username: ''\n").unwrap();
+    let no_such_file = std::io::Error::from_raw_os_error(2).to_string();
+    let cases: Vec<(Vec<std::ffi::OsString>, String)> = vec![
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                state.clone().into(),
+                "--config".into(),
+                missing.clone().into(),
+            ],
+            format!("error: config file {}: {no_such_file}", missing.display()),
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--state".into(),
+                state.clone().into(),
+                "--config".into(),
+                empty_exemption.clone().into(),
+            ],
+            format!(
+                "error: config file {}: exemptions[0].username is empty",
+                empty_exemption.display()
+            ),
+        ),
+        (
+            // No --state and no cluster either: the certificate is checked first.
+            vec![
+                "serve".into(),
+                "--tls-cert".into(),
+                missing.clone().into(),
+                "--tls-key".into(),
+                missing.clone().into(),
+            ],
+            format!("error: cannot read {}: {no_such_file}", missing.display()),
+        ),
+    ];
+    for (args, want) in cases {
+        let (ok, _, err) = run(handoff()
+            .args(&args)
+            .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
+            .env("HOME", dir.path()));
+        assert!(!ok, "{args:?} should fail");
+        let line = err.lines().find(|l| l.starts_with("error:"));
+        assert_eq!(line, Some(want.as_str()), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn bad_flags_and_files_stop_start_up_naming_the_problem() {
     let dir = tempfile::tempdir().unwrap();

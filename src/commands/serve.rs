@@ -9,12 +9,13 @@ use anyhow::Context as _;
 use crate::cli::{ServeArgs, VERSION};
 use handoff::certs;
 use handoff::server::tls::CertSource;
-use handoff::server::{self, Limits, Server};
+use handoff::server::{self, Limits, Server, ServingTls};
 use handoff::webhook::Webhook;
 
 pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
-    // Any start-up error below stops the process before the port opens.
-    let certificate = certificate(&a)?;
+    // Any start-up error below stops the process before the port opens; the certificate is
+    // checked first.
+    let tls = ServingTls::load(certificate(&a)?, a.client_ca.as_deref())?;
     let (mut state, client) = super::build_state(&a.state).await?;
     state.serving = handoff::state::Serving {
         guard: a.webhooks.contains(&Webhook::SyncFinalizer),
@@ -23,8 +24,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let opts = server::Options {
         listen: a.listen,
         metrics_listen: a.metrics_listen,
-        certificate,
-        client_ca: a.client_ca,
+        tls,
         cert_reload_interval: a.cert_reload_interval,
         limits: Limits {
             body_limit: a.body_limit,

@@ -29,11 +29,11 @@ pub(super) struct Outcome {
     pub reason: &'static str,
 }
 
-pub(super) async fn admit(AxState(app): AxState<App>, req: Request) -> Response {
+pub(super) async fn admit(AxState(app): AxState<App>, mut req: Request) -> Response {
     let webhook = Webhook::from_path(req.uri().path()).expect("a webhook route");
     let deadline = deadline_of(&req, &app);
     let started = req.extensions().get::<Started>().map(|s| s.0);
-    let Some(ReviewBody(bytes)) = req.extensions().get::<ReviewBody>().cloned() else {
+    let Some(ReviewBody(bytes)) = req.extensions_mut().remove::<ReviewBody>() else {
         unreachable!("whole_body runs before every webhook route");
     };
     let review = match admission::decode_review(&bytes) {

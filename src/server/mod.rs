@@ -1,7 +1,8 @@
 //! The HTTPS server: what every request shares (`App`: state, metrics, health, limits), the
-//! routes for health and metrics, and its parts: `stack` (the request path, layer by layer,
-//! and the admission handler), `listener` (TLS, HTTP/2 or HTTP/1.1, and the drain on SIGTERM),
-//! `tls` (certificates and their reload), `metrics`.
+//! routes for health and metrics, and its parts: `serve` (`Server`: what `handoff serve`
+//! starts), `stack` (the request path, one layer each), `admit` (the admission handler),
+//! `body` (the deadline and the body), `listener` (TLS, HTTP/2 or HTTP/1.1, and the drain on
+//! SIGTERM), `tls` (certificates and their reload), `metrics`.
 
 mod admit;
 mod body;
@@ -13,8 +14,8 @@ pub mod tls;
 
 pub use body::{parse_go_duration, request_timeout};
 pub use listener::{run, run_plain};
-pub use serve::{Options, Server};
-pub use stack::router;
+pub use serve::{Options, Server, ServingTls};
+pub(crate) use stack::router;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +44,7 @@ pub struct Limits {
     /// A client that connects and never finishes the TLS handshake is dropped after this.
     pub handshake_timeout: Duration,
     /// An HTTP/1.1 client that never finishes its headers is dropped after this; bodies are
-    /// bounded by the request deadline in the handler.
+    /// bounded by the request deadline (`whole_body` in `stack`).
     pub header_read_timeout: Duration,
     /// HTTP/2 pings an idle connection this often, and drops it when a ping goes unanswered
     /// for `h2_keep_alive_timeout`, so a peer that vanished does not hold a connection.

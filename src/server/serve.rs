@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use axum::Router;
 
 use super::metrics::Metrics;
-use super::tls::{CertSource, CertStore};
+use super::tls::{CertSource, CertStore, TlsError};
 use super::{App, Limits};
 use crate::admission_policy::ParamsRef;
 use crate::config::{ConfigFile, InvalidConfig};
@@ -24,14 +24,35 @@ use crate::state::State;
 /// How often the kcp mirror compares each located namespace with its kcp namespace.
 const KCP_MIRROR_EVERY: Duration = Duration::from_secs(2);
 
+/// The serving certificate, loaded, and the TLS configuration around it. Loaded on its own,
+/// before the state is built, so that a bad certificate is the first thing start-up names.
+pub struct ServingTls {
+    store: Arc<CertStore>,
+    config: Arc<rustls::ServerConfig>,
+}
+
+impl ServingTls {
+    /// `client_ca`: client certificates are required, and must chain to this CA.
+    pub fn load(
+        certificate: CertSource,
+        client_ca: Option<&std::path::Path>,
+    ) -> Result<Self, TlsError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let store = Arc::new(CertStore::load(certificate)?);
+        let config = super::tls::server_config(store.clone(), client_ca)?;
+        Ok(ServingTls {
+            store,
+            config: Arc::new(config),
+        })
+    }
+}
+
 /// What `handoff serve`'s flags say, less the state (built before, from the state flags).
 pub struct Options {
     pub listen: SocketAddr,
     /// Plain HTTP for `/healthz`, `/readyz` and `/metrics`.
     pub metrics_listen: Option<SocketAddr>,
-    pub certificate: CertSource,
-    /// Client certificates are required, and must chain to this CA.
-    pub client_ca: Option<PathBuf>,
+    pub tls: ServingTls,
     pub cert_reload_interval: Duration,
     pub limits: Limits,
     /// Readiness fails this long before the listener closes, so the endpoint leaves the
@@ -50,8 +71,6 @@ pub struct Options {
 
 pub struct Server {
     app: App,
-    store: Arc<CertStore>,
-    tls: Arc<rustls::ServerConfig>,
     listener: tokio::net::TcpListener,
     plain: Option<tokio::net::TcpListener>,
     /// The cluster the state's watches read, if it comes from one.
@@ -60,15 +79,12 @@ pub struct Server {
 }
 
 impl Server {
-    /// Load the certificate and bind the ports. Each error names the flag it comes from.
+    /// Bind the ports; an error names the flag of the address it could not bind.
     pub async fn bind(
         state: Arc<State>,
         client: Option<kube::Client>,
         mut opts: Options,
     ) -> anyhow::Result<Server> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let store = Arc::new(CertStore::load(opts.certificate.clone())?);
-        let tls = super::tls::server_config(store.clone(), opts.client_ca.as_deref())?;
         let mut metrics = Metrics::new();
         metrics.register_telemetry(&state.telemetry);
         let app = App::new(state, Arc::new(metrics), opts.limits.clone());
@@ -86,8 +102,6 @@ impl Server {
         };
         Ok(Server {
             app,
-            store,
-            tls: Arc::new(tls),
             listener,
             plain,
             client,
@@ -108,8 +122,6 @@ impl Server {
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         let Server {
             app,
-            store,
-            tls,
             listener,
             plain,
             client,
@@ -139,6 +151,7 @@ impl Server {
             }
             crate::state::cluster::spawn_watches(client, state.clone());
         }
+        let ServingTls { store, config } = opts.tls;
         tokio::spawn(store.watch(opts.cert_reload_interval, metrics.clone()));
         metrics.set_rollout(&state.rollout());
         if let Some(path) = opts.config_file.clone() {
@@ -166,7 +179,7 @@ impl Server {
             health.start_drain();
             tracing::info!(
                 ?drain_delay,
-                "stopping: readiness now fails; closing the listener after the drain delay"
+                "SIGTERM: readiness now fails; closing the listener after the drain delay"
             );
             tokio::time::sleep(drain_delay).await;
             let _ = stop_tx.send(true);
@@ -174,7 +187,7 @@ impl Server {
         let service = super::router(app.clone(), opts.extra_routes);
         super::run(
             listener,
-            tls,
+            config,
             service,
             app.health.clone(),
             &opts.limits,

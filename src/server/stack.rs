@@ -11,7 +11,8 @@
 //! 7. `whole_body`: the body, within the limit (413) and by the deadline (408);
 //! 8. the handler (`admit`): decode (400), decide by the deadline, encode, log.
 //!
-//! A layer that refuses says why in the answer and in one `bad admission request` event.
+//! Content-Type, body and decode refusals say why in the answer and in one `bad admission
+//! request` event; a 404, a shed 503 or a panic's 500 says why in the answer only.
 
 use std::time::Instant;
 

@@ -153,7 +153,7 @@ fn guard(req: &AdmissionRequest, v: GuardVerdict) -> Decision {
         GuardVerdict::ReadAgain => Decision::deny(
             req,
             Reason::GuardDeny(Rule::StateUnavailable),
-            "handoff could not prove its view of the namespace fresh, even after reading it again; the delete is held until it can".into(),
+            "handoff could not prove its view of the namespace fresh; the delete is held until it can".into(),
         ),
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use handoff::certs::Ca;
 use handoff::server::tls::CertSource;
-use handoff::server::{self, App, Limits, Server};
+use handoff::server::{self, App, Limits, Server, ServingTls};
 use handoff::state::State;
 use http_body_util::{BodyExt as _, Full};
 use hyper::client::conn::{http1, http2};
@@ -81,14 +81,14 @@ impl TestServer {
                 CertSource::Generated { cert_pem, key_pem }
             }
         };
+        let tls = ServingTls::load(certificate, opts.client_ca.as_deref()).unwrap();
         let server = Server::bind(
             state,
             None,
             server::Options {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 metrics_listen: None,
-                certificate,
-                client_ca: opts.client_ca,
+                tls,
                 cert_reload_interval: Duration::from_millis(50),
                 limits: opts.limits,
                 drain_delay: Duration::ZERO,
