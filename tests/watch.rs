@@ -135,7 +135,8 @@ async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
     state.api_timeout = Duration::from_secs(1);
     state.stale_after = Duration::from_millis(300);
     let state = Arc::new(state);
-    handoff::state::cluster::spawn_watches(proxy.client(), state.clone());
+    let mut watches = tokio::task::JoinSet::new();
+    handoff::state::cluster::spawn_watches(&mut watches, proxy.client(), state.clone());
     eventually("caches synced", || async { state.is_synced() }).await;
     let server = TestServer::start_with(state.clone(), Options::default()).await;
     let delete = fixture("delete-configmap-by-syncer.json");

@@ -129,10 +129,13 @@ impl Server {
         } = self;
         let state = app.state.clone();
         let metrics = app.metrics.clone();
+        // What runs beside the listener, stopped when `run` returns (a test's server leaves
+        // nothing polling behind it).
+        let mut tasks = tokio::task::JoinSet::new();
         if let Some(kcp) = state.kcp.clone().filter(|_| state.serving.guard) {
-            tokio::spawn(kcp.clone().watch());
+            tasks.spawn(kcp.clone().watch());
             if let Some(client) = &client {
-                tokio::spawn(crate::state::kcp::mirror(
+                tasks.spawn(crate::state::kcp::mirror(
                     state.clone(),
                     kcp,
                     client.clone(),
@@ -142,20 +145,20 @@ impl Server {
         }
         if let Some(client) = client {
             if state.serving.guard {
-                tokio::spawn(crate::admission_policy::apply::keep_published(
+                tasks.spawn(crate::admission_policy::apply::keep_published(
                     client.clone(),
                     state.clone(),
                     opts.policy_params.clone(),
                     opts.policy_publish_interval,
                 ));
             }
-            crate::state::cluster::spawn_watches(client, state.clone());
+            crate::state::cluster::spawn_watches(&mut tasks, client, state.clone());
         }
         let ServingTls { store, config } = opts.tls;
-        tokio::spawn(store.watch(opts.cert_reload_interval, metrics.clone()));
+        tasks.spawn(store.watch(opts.cert_reload_interval, metrics.clone()));
         metrics.set_rollout(&state.rollout());
         if let Some(path) = opts.config_file.clone() {
-            tokio::spawn(watch_config(path, state.clone(), metrics.clone()));
+            tasks.spawn(watch_config(path, state.clone(), metrics.clone()));
         }
 
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

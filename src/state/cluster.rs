@@ -144,12 +144,16 @@ pub async fn watch_deployments(client: kube::Client, state: Arc<State>) {
 }
 
 /// Start the watches of the webhooks served, and only those.
-pub fn spawn_watches(client: kube::Client, state: Arc<State>) {
+pub fn spawn_watches(
+    tasks: &mut tokio::task::JoinSet<()>,
+    client: kube::Client,
+    state: Arc<State>,
+) {
     if state.serving.guard {
-        tokio::spawn(watch_namespaces(client.clone(), state.clone()));
+        tasks.spawn(watch_namespaces(client.clone(), state.clone()));
     }
     if state.serving.pin {
-        tokio::spawn(watch_windows(client.clone(), state.clone()));
-        tokio::spawn(watch_deployments(client, state));
+        tasks.spawn(watch_windows(client.clone(), state.clone()));
+        tasks.spawn(watch_deployments(client, state));
     }
 }
