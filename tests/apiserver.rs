@@ -579,6 +579,79 @@ fn without_rights_to_movewindows_the_guard_still_holds_and_apps_scale() {
     assert_eq!(replicas(&api, "shop", "web"), (3, None));
 }
 
+/// A client that writes `role: null` and `stop: null` (a JSON pipeline, a GitOps tool) gets a
+/// window without them, as `None` means, instead of "Unsupported value: null"; a value the
+/// enum does not list is still refused.
+#[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
+fn a_movewindow_written_with_null_role_and_stop_is_taken_without_them() {
+    if skip() {
+        return;
+    }
+    let api = ApiServer::start();
+    api.install_crd();
+    let window = |name: &str, role: &str| {
+        format!(
+            r#"{{"apiVersion":"handoff.dev/v1alpha1","kind":"MoveWindow","metadata":{{"name":"{name}"}},"spec":{{"state":"Closed","role":{role},"stop":null}}}}"#
+        )
+    };
+    let out = api.kubectl_stdin(
+        ADMIN,
+        &["create", "-f", "-"],
+        Some(&window("nulls", "null")),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let spec = api.ok(
+        ADMIN,
+        &["get", "movewindow", "nulls", "-o", "jsonpath={.spec}"],
+    );
+    assert_eq!(spec, r#"{"state":"Closed"}"#);
+    let out = api.kubectl_stdin(
+        ADMIN,
+        &["create", "-f", "-"],
+        Some(&window("middle", r#""middle""#)),
+    );
+    assert!(
+        !out.status.success()
+            && text(&out.stderr).contains(r#"spec.role: Unsupported value: "middle""#),
+        "{}",
+        text(&out.stderr)
+    );
+    // A merge patch's null removes the field, as it does anywhere.
+    api.ok(
+        ADMIN,
+        &[
+            "patch",
+            "movewindow",
+            "nulls",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"role":"source"}}"#,
+        ],
+    );
+    api.ok(
+        ADMIN,
+        &[
+            "patch",
+            "movewindow",
+            "nulls",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"role":null}}"#,
+        ],
+    );
+    let spec = api.ok(
+        ADMIN,
+        &["get", "movewindow", "nulls", "-o", "jsonpath={.spec}"],
+    );
+    assert_eq!(spec, r#"{"state":"Closed"}"#);
+}
+
 #[test]
 #[cfg_attr(
     not(apiserver),
