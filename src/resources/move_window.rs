@@ -249,11 +249,11 @@ pub fn crd()
 fn absent_not_null(v: &mut serde_json::Value) {
     match v {
         serde_json::Value::Object(map) => {
-            if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
-                if values.iter().any(serde_json::Value::is_null) {
-                    values.retain(|x| !x.is_null());
-                    map.remove("nullable");
-                }
+            if let Some(serde_json::Value::Array(values)) = map.get_mut("enum")
+                && values.iter().any(serde_json::Value::is_null)
+            {
+                values.retain(|x| !x.is_null());
+                map.remove("nullable");
             }
             map.values_mut().for_each(absent_not_null);
         }
