@@ -1,25 +1,17 @@
-//! The admission handler, once the layers have passed the request (`stack`): decode, decide
-//! by the deadline, encode, log. What it decided travels back to `count` as `Outcome`.
+//! The last step of the admission path (`stack`): decode, decide by the deadline, encode,
+//! log. What it decided goes back to `count` as `Outcome`.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State as AxState};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::App;
-use super::stack::{bad, deadline_of};
+use super::body::Deadline;
+use super::stack::bad;
 use crate::admission;
 use crate::rules::rollout::Verdict;
 use crate::webhook::{self, Decision, Reason, Webhook};
-
-/// The body `whole_body` read.
-#[derive(Clone)]
-pub(super) struct ReviewBody(pub bytes::Bytes);
-
-/// When `count` first saw the request: the decision's logged latency counts from there.
-#[derive(Clone, Copy)]
-pub(super) struct Started(pub std::time::Instant);
 
 /// What was decided, for `count`.
 #[derive(Clone, Copy)]
@@ -29,16 +21,18 @@ pub(super) struct Outcome {
     pub reason: &'static str,
 }
 
-pub(super) async fn admit(AxState(app): AxState<App>, mut req: Request) -> Response {
-    let webhook = Webhook::from_path(req.uri().path()).expect("a webhook route");
-    let deadline = deadline_of(&req, &app);
-    let started = req.extensions().get::<Started>().map(|s| s.0);
-    let Some(ReviewBody(bytes)) = req.extensions_mut().remove::<ReviewBody>() else {
-        unreachable!("whole_body runs before every webhook route");
-    };
-    let review = match admission::decode_review(&bytes) {
+/// Decode, decide by the deadline, encode, log. `start` is when the request was first
+/// counted: the decision's logged latency counts from there.
+pub(super) async fn admit(
+    app: &App,
+    webhook: Webhook,
+    deadline: Deadline,
+    start: Instant,
+    bytes: &[u8],
+) -> (Response, Option<Outcome>) {
+    let review = match admission::decode_review(bytes) {
         Ok(r) => r,
-        Err(e) => return bad(webhook, StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => return (bad(webhook, StatusCode::BAD_REQUEST, e.to_string()), None),
     };
     let decision = match tokio::time::timeout_at(
         deadline.at,
@@ -61,20 +55,19 @@ pub(super) async fn admit(AxState(app): AxState<App>, mut req: Request) -> Respo
             ),
         ),
     };
-    let latency = started.map(|s| s.elapsed()).unwrap_or_default();
-    log_decision(webhook, &review, &decision, latency);
-    let mut resp = (
+    log_decision(webhook, &review, &decision, start.elapsed());
+    let resp = (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
         admission::encode_review(&decision.response),
     )
         .into_response();
-    resp.extensions_mut().insert(Outcome {
+    let outcome = Outcome {
         operation: review.operation.as_str(),
         verdict: decision.verdict,
         reason: decision.reason.as_str(),
-    });
-    resp
+    };
+    (resp, Some(outcome))
 }
 
 /// One event per decision: denials, pins and errors at `info`, allows at `debug`. Every value

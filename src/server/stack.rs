@@ -1,15 +1,22 @@
-//! The request path, in the order a request meets it (`router`), one layer each:
+//! The request path, in the order a request meets it, one step each:
 //!
 //! 1. panic recovery around everything: a 500 that says the request was not decided;
 //! 2. health and metrics beside the webhooks, never shed, so probes answer under load;
 //! 3. the concurrency limit, which also fixes the request's deadline: a waiter whose slot does
 //!    not come in time is shed with 503;
+//!
+//! then, for a webhook (`admission`, one line per step):
+//!
 //! 4. `served`: a webhook this replica does not serve (`--webhooks`) is a 404;
 //! 5. `count`: every answer from here in is counted (requests by verdict and code, latency,
 //!    denials by reason, exemptions);
 //! 6. `require_json`: Content-Type `application/json`, else 415;
 //! 7. `whole_body`: the body, within the limit (413) and by the deadline (408);
-//! 8. the handler (`admit`): decode (400), decide by the deadline, encode, log.
+//! 8. `admit`: decode (400), decide by the deadline, encode, log.
+//!
+//! Steps 1–3 are middleware, since they wrap more than the webhooks; 4–8 are plain functions
+//! called in order, since an axum middleware per step cost about 15% of the throughput
+//! (BENCHMARKS.md, "The request path as one function").
 //!
 //! Content-Type, body and decode refusals say why in the answer and in one `bad admission
 //! request` event; a 404, a shed 503 or a panic's 500 says why in the answer only.
@@ -17,14 +24,15 @@
 use std::time::Instant;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{Request, State as AxState};
-use axum::http::{StatusCode, Uri, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use super::admit::{Outcome, ReviewBody, Started, admit};
+use super::admit::{Outcome, admit};
 use super::body::{BodyError, Deadline, read_limited};
 use super::metrics::{DenialLabels, Metrics, RequestLabels, WebhookLabels};
 use crate::rules::rollout::Verdict;
@@ -36,16 +44,10 @@ use super::{App, health_router};
 /// that panics) behind the concurrency limit and panic recovery only, health and metrics.
 pub fn router(app: App, extra: Option<Router<App>>) -> Router {
     let panics = app.metrics.clone();
-    // Each `route_layer` wraps what is above it, so the last is met first; a method other than
-    // POST meets none of them and gets its 405.
-    let admission = post(admit)
-        .route_layer(middleware::from_fn_with_state(app.clone(), whole_body))
-        .route_layer(middleware::from_fn(require_json))
-        .route_layer(middleware::from_fn_with_state(app.clone(), count))
-        .route_layer(middleware::from_fn_with_state(app.clone(), served));
+    // A method other than POST gets its 405 from the router.
     let webhooks = Webhook::ALL
         .iter()
-        .fold(Router::new(), |r, w| r.route(w.path(), admission.clone()));
+        .fold(Router::new(), |r, w| r.route(w.path(), post(admission)));
     let webhooks = match extra {
         Some(extra) => webhooks.merge(extra),
         None => webhooks,
@@ -74,17 +76,34 @@ pub fn router(app: App, extra: Option<Router<App>>) -> Router {
         .with_state(app)
 }
 
-/// The webhook a route-layered request is for (its path matched one of `Webhook::ALL`).
-fn webhook_of(req: &Request) -> Webhook {
-    Webhook::from_path(req.uri().path()).expect("only the webhook routes carry this layer")
-}
-
-/// The deadline `limit_concurrency` fixed, or (outside it) one from the request itself.
-pub(super) fn deadline_of(req: &Request, app: &App) -> Deadline {
-    req.extensions()
+/// Steps 4–8 for one webhook request, in order.
+async fn admission(AxState(app): AxState<App>, req: Request) -> Response {
+    let webhook = Webhook::from_path(req.uri().path()).expect("routed by its path");
+    // Fixed by `limit_concurrency`, which every webhook route is behind.
+    let deadline = req
+        .extensions()
         .get::<Deadline>()
         .copied()
-        .unwrap_or_else(|| Deadline::of(req.uri(), &app.limits))
+        .unwrap_or_else(|| Deadline::of(req.uri(), &app.limits));
+    // 4.
+    if let Some(refused) = served(&app, webhook) {
+        return refused;
+    }
+    // 5. counted from here, whoever answers.
+    let start = Instant::now();
+    let answered = async {
+        // 6.
+        if let Some(refused) = require_json(webhook, req.headers()) {
+            return Err(refused);
+        }
+        // 7.
+        let bytes = whole_body(&app, webhook, deadline, req.into_body()).await?;
+        // 8.
+        Ok(admit(&app, webhook, deadline, start, &bytes).await)
+    };
+    let (resp, outcome) = answered.await.unwrap_or_else(|refused| (refused, None));
+    count(&app, webhook, &resp, outcome, start);
+    resp
 }
 
 async fn limit_concurrency(AxState(app): AxState<App>, mut req: Request, next: Next) -> Response {
@@ -137,28 +156,25 @@ impl Drop for InFlight<'_> {
 
 /// A webhook this replica was not started to serve: the webhook configuration points at the
 /// wrong Service.
-async fn served(AxState(app): AxState<App>, req: Request, next: Next) -> Response {
-    let webhook = webhook_of(&req);
-    if !app.state.serves(webhook) {
-        return plain(
-            StatusCode::NOT_FOUND,
-            format!(
-                "this handoff does not serve the {} webhook (--webhooks); check the webhook configuration's service",
-                webhook.as_str()
-            ),
-        );
+/// A webhook this replica was not started to serve: the webhook configuration points at the
+/// wrong Service. The refusal, if any.
+fn served(app: &App, webhook: Webhook) -> Option<Response> {
+    if app.state.serves(webhook) {
+        return None;
     }
-    next.run(req).await
+    Some(plain(
+        StatusCode::NOT_FOUND,
+        format!(
+            "this handoff does not serve the {} webhook (--webhooks); check the webhook configuration's service",
+            webhook.as_str()
+        ),
+    ))
 }
 
-/// Count every answer: by operation and verdict when the handler decided (`Outcome`), as
-/// `error` when a layer below refused the request.
-async fn count(AxState(app): AxState<App>, mut req: Request, next: Next) -> Response {
-    let webhook = webhook_of(&req).as_str();
-    let start = Instant::now();
-    req.extensions_mut().insert(Started(start));
-    let resp = next.run(req).await;
-    let outcome = resp.extensions().get::<Outcome>().copied();
+/// Count an answer: by operation and verdict when it was decided (`Outcome`), as `error` when
+/// a step before `admit` refused the request.
+fn count(app: &App, webhook: Webhook, resp: &Response, outcome: Option<Outcome>, start: Instant) {
+    let webhook = webhook.as_str();
     let (operation, verdict) = outcome.map_or(("", "error"), |o| (o.operation, o.verdict.as_str()));
     let m = &app.metrics;
     m.requests
@@ -185,61 +201,51 @@ async fn count(AxState(app): AxState<App>, mut req: Request, next: Next) -> Resp
             m.exempt.get_or_create(&WebhookLabels { webhook }).inc();
         }
     }
-    resp
 }
 
-async fn require_json(req: Request, next: Next) -> Response {
-    let content_type = req
-        .headers()
+fn require_json(webhook: Webhook, headers: &HeaderMap) -> Option<Response> {
+    let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let mime = content_type.split(';').next().unwrap_or("").trim();
-    if !mime.eq_ignore_ascii_case("application/json") {
-        return bad(
-            webhook_of(&req),
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!("Content-Type must be application/json, got {content_type:?}"),
-        );
+    if mime.eq_ignore_ascii_case("application/json") {
+        return None;
     }
-    next.run(req).await
+    Some(bad(
+        webhook,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        format!("Content-Type must be application/json, got {content_type:?}"),
+    ))
 }
 
 /// One deadline for reading the body and deciding: answer before the API server gives up on
 /// us, with a verdict rather than a timeout, so the outcome is ours and not the
 /// failurePolicy's; and a client that trickles its body cannot hold a slot for longer.
-async fn whole_body(AxState(app): AxState<App>, req: Request, next: Next) -> Response {
-    let webhook = webhook_of(&req);
-    let Deadline { at, budget } = deadline_of(&req, &app);
+async fn whole_body(
+    app: &App,
+    webhook: Webhook,
+    Deadline { at, budget }: Deadline,
+    body: Body,
+) -> Result<bytes::Bytes, Response> {
     let limit = app.limits.body_limit;
-    let (parts, body) = req.into_parts();
-    let bytes = match read_limited(body, limit, at).await {
-        Ok(b) => b,
-        Err(BodyError::Timeout) => {
-            return bad(
-                webhook,
-                StatusCode::REQUEST_TIMEOUT,
-                format!("the request body did not arrive within {budget:?}"),
-            );
-        }
-        Err(BodyError::TooLarge) => {
-            return bad(
-                webhook,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("AdmissionReview body exceeds the {limit}-byte limit"),
-            );
-        }
-        Err(BodyError::Read(e)) => {
-            return bad(
-                webhook,
-                StatusCode::BAD_REQUEST,
-                format!("cannot read request body: {e}"),
-            );
-        }
-    };
-    let mut req = Request::from_parts(parts, axum::body::Body::empty());
-    req.extensions_mut().insert(ReviewBody(bytes));
-    next.run(req).await
+    read_limited(body, limit, at).await.map_err(|e| match e {
+        BodyError::Timeout => bad(
+            webhook,
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within {budget:?}"),
+        ),
+        BodyError::TooLarge => bad(
+            webhook,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("AdmissionReview body exceeds the {limit}-byte limit"),
+        ),
+        BodyError::Read(e) => bad(
+            webhook,
+            StatusCode::BAD_REQUEST,
+            format!("cannot read request body: {e}"),
+        ),
+    })
 }
 
 /// A request refused before it could be decided: the answer says why, and so does one event.
