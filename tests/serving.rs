@@ -595,3 +595,54 @@ async fn client_certificates_are_required_when_a_client_ca_is_given() {
     }
     server.stop().await;
 }
+
+/// `Limits`' connection bounds hold: a client that connects and never starts TLS, and one that
+/// never finishes its request headers, are dropped once their bound passes (set to 300 ms here;
+/// the defaults of 10 s would miss the 5 s this test waits).
+#[tokio::test]
+async fn a_client_that_stalls_the_handshake_or_its_headers_is_dropped() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let bound = Duration::from_millis(300);
+    let server = TestServer::start_with(
+        Arc::new(fixture_state()),
+        Options {
+            limits: Limits {
+                handshake_timeout: bound,
+                header_read_timeout: bound,
+                ..Limits::default()
+            },
+            ..Options::default()
+        },
+    )
+    .await;
+    let closed_within = Duration::from_secs(5);
+
+    // No ClientHello at all.
+    let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(closed_within, tcp.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "a connection that never starts TLS is still open after {closed_within:?}: {read:?}"
+    );
+
+    // TLS, then half of a request's headers.
+    let cfg = support::https::tls_client_config(&server.ca.cert_pem, Proto::H1, None);
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"POST /validate/sync-finalizer HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(closed_within, tls.read_to_end(&mut answer)).await;
+    assert!(
+        read.is_ok(),
+        "a client that never finishes its headers is still connected after {closed_within:?}"
+    );
+    server.stop().await;
+}

@@ -287,6 +287,23 @@ fn run_deployment_controller(e: &mut Env) {
     }));
 }
 
+/// Two seeded clusters, each with its Deployment controller; `pin_*`: handoff registered there.
+async fn source_and_target(pin_source: bool, pin_target: bool) -> (Env, Env) {
+    let (mut source, mut target) = tokio::join!(env(pin_source), env(pin_target));
+    seed(&source).await;
+    seed(&target).await;
+    run_deployment_controller(&mut source);
+    run_deployment_controller(&mut target);
+    (source, target)
+}
+
+fn roles(source: &Env, target: &Env) -> [Cluster; 2] {
+    [
+        cluster(source, "source", Some(MoveRole::Source)),
+        cluster(target, "target", Some(MoveRole::Target)),
+    ]
+}
+
 fn cluster(e: &Env, label: &str, role: Option<MoveRole>) -> Cluster {
     Cluster {
         label: label.into(),
@@ -428,15 +445,8 @@ async fn open_pins_saves_waits_and_a_later_update_is_pinned() {
         return;
     }
     // The source has handoff registered: a later update is pinned by the API server itself.
-    let (mut source, mut target) = tokio::join!(env(true), env(false));
-    seed(&source).await;
-    seed(&target).await;
-    run_deployment_controller(&mut source);
-    run_deployment_controller(&mut target);
-    let clusters = [
-        cluster(&source, "source", Some(MoveRole::Source)),
-        cluster(&target, "target", Some(MoveRole::Target)),
-    ];
+    let (source, target) = source_and_target(true, false).await;
+    let clusters = roles(&source, &target);
     let mut out = Vec::new();
     ops::open(&clusters, &open_opts(), &mut out).await.unwrap();
     let log = String::from_utf8(out).unwrap();
@@ -529,15 +539,8 @@ async fn close_restores_target_before_source() {
         return;
     }
     // The target has handoff registered: the sync below is pinned by the API server.
-    let (mut source, mut target) = tokio::join!(env(false), env(true));
-    seed(&source).await;
-    seed(&target).await;
-    run_deployment_controller(&mut source);
-    run_deployment_controller(&mut target);
-    let clusters = [
-        cluster(&source, "source", Some(MoveRole::Source)),
-        cluster(&target, "target", Some(MoveRole::Target)),
-    ];
+    let (source, target) = source_and_target(false, true).await;
+    let clusters = roles(&source, &target);
     ops::open(&clusters, &open_opts(), &mut Vec::new())
         .await
         .unwrap();
@@ -857,10 +860,7 @@ async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the
     seed(&source).await;
     seed(&target).await;
     run_deployment_controller(&mut source);
-    let clusters = [
-        cluster(&source, "source", Some(MoveRole::Source)),
-        cluster(&target, "target", Some(MoveRole::Target)),
-    ];
+    let clusters = roles(&source, &target);
     // The target accepts reads but no writes: its window cannot be created.
     target.proxy.fail_writes_after(Some(0));
     assert!(

@@ -45,9 +45,9 @@ use super::{App, health_router};
 pub fn router(app: App, extra: Option<Router<App>>) -> Router {
     let panics = app.metrics.clone();
     // A method other than POST gets its 405 from the router.
-    let webhooks = Webhook::ALL
-        .iter()
-        .fold(Router::new(), |r, w| r.route(w.path(), post(admission)));
+    let webhooks = Webhook::ALL.into_iter().fold(Router::new(), |r, w| {
+        r.route(w.path(), post(move |app, req| admission(app, w, req)))
+    });
     let webhooks = match extra {
         Some(extra) => webhooks.merge(extra),
         None => webhooks,
@@ -77,8 +77,7 @@ pub fn router(app: App, extra: Option<Router<App>>) -> Router {
 }
 
 /// Steps 4–8 for one webhook request, in order.
-async fn admission(AxState(app): AxState<App>, req: Request) -> Response {
-    let webhook = Webhook::from_path(req.uri().path()).expect("routed by its path");
+async fn admission(AxState(app): AxState<App>, webhook: Webhook, req: Request) -> Response {
     // Fixed by `limit_concurrency`, which every webhook route is behind.
     let deadline = req
         .extensions()

@@ -33,10 +33,6 @@ impl Webhook {
         }
     }
 
-    pub fn from_path(path: &str) -> Option<Webhook> {
-        Webhook::ALL.into_iter().find(|w| w.path() == path)
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             Webhook::SyncFinalizer => "sync-finalizer",

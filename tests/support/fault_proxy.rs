@@ -24,21 +24,16 @@
 //! is tested (`tests/apiserver.rs` is).
 #![allow(dead_code)]
 
-use std::convert::Infallible;
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt as _;
-use http_body_util::{BodyExt as _, Full, StreamBody, combinators::UnsyncBoxBody};
+use http_body_util::{BodyExt as _, StreamBody};
 
 use super::apiserver::{ADMIN, ApiServer};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Out = http::Response<UnsyncBoxBody<Bytes, BoxError>>;
+use super::proxy::{BoxError, ForwardError, Out, Proxy, forward};
 
 /// One sequence across every proxy in the process: a test orders the writes to two clusters.
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -62,8 +57,7 @@ struct Faults {
 pub struct FaultProxy {
     pub port: u16,
     faults: Arc<Faults>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    proxy: Proxy,
 }
 
 impl FaultProxy {
@@ -72,38 +66,26 @@ impl FaultProxy {
         // Parsed now, on the caller's thread: the test's own kubectl calls rewrite the file.
         let kubeconfig =
             kube::config::Kubeconfig::read_from(api.kubeconfig(ADMIN)).expect("admin kubeconfig");
-        let listener =
-            std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("proxy listener");
-        let port = listener.local_addr().expect("addr").port();
-        listener.set_nonblocking(true).expect("nonblocking");
         let faults = Arc::new(Faults {
             log: Mutex::new(Vec::new()),
             latency_ms: AtomicU64::new(0),
             unavailable: tokio::sync::watch::Sender::new(false),
             write_budget: AtomicI64::new(-1),
         });
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let f = faults.clone();
-        // A runtime of its own: the proxy serves sync tests and outlives any test's runtime.
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(serve(listener, kubeconfig, f, stop_rx));
-            rt.shutdown_background();
+        // What the server answers is what handoff sees: no retries on its behalf.
+        let proxy = Proxy::start(kubeconfig, false, move |req, client| {
+            handle(req, client, f.clone())
         });
         FaultProxy {
-            port,
+            port: proxy.port,
             faults,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            proxy,
         }
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.proxy.url()
     }
 
     /// A `kube::Config` for the proxy, without kube's retry of 503s.
@@ -120,16 +102,11 @@ impl FaultProxy {
 
     /// A kubeconfig for the proxy (for the `handoff` binary), written into `dir`.
     pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
-        let path = dir.join(format!("fault-proxy-kubeconfig-{}", self.port));
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: {}\nusers:\n- name: handoff\n  user:\n    token: ignored-by-the-proxy\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: handoff\n    namespace: default\ncurrent-context: proxy\n",
-                self.url()
-            ),
+        self.proxy.write_kubeconfig(
+            &dir.join(format!("fault-proxy-kubeconfig-{}", self.port)),
+            &self.url(),
+            Some("default"),
         )
-        .expect("proxy kubeconfig");
-        path
     }
 
     /// Delay every request by `d` before it is forwarded.
@@ -183,71 +160,12 @@ impl FaultProxy {
     }
 
     pub fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.proxy.stop();
     }
-}
-
-impl Drop for FaultProxy {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-async fn serve(
-    listener: std::net::TcpListener,
-    kubeconfig: kube::config::Kubeconfig,
-    faults: Arc<Faults>,
-    mut stop: tokio::sync::oneshot::Receiver<()>,
-) {
-    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("client config");
-    // What the server answers is what handoff sees: no retries on its behalf.
-    config.default_retry = false;
-    let client = kube::Client::try_from(config).expect("client");
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = &mut stop => break,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let (client, faults) = (client.clone(), faults.clone());
-                connections.spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let (client, faults) = (client.clone(), faults.clone());
-                        async move { Ok::<_, Infallible>(handle(req, client, faults).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        }
-    }
-    connections.abort_all();
 }
 
 fn unavailable(message: &str) -> Out {
-    let body = serde_json::json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": "ServiceUnavailable", "code": 503,
-    })
-    .to_string();
-    http::Response::builder()
-        .status(503)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(
-            Full::new(Bytes::from(body))
-                .map_err(|e| match e {})
-                .boxed_unsync(),
-        )
-        .expect("response")
+    super::proxy::status(503, "ServiceUnavailable", message)
 }
 
 async fn handle(
@@ -295,22 +213,12 @@ async fn handle(
         }
     }
     let (parts, body) = req.into_parts();
-    let body = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return unavailable(&format!("reading the request body: {e}")),
-    };
-    let mut forward = http::Request::builder().method(parts.method).uri(target);
-    for h in [http::header::ACCEPT, http::header::CONTENT_TYPE] {
-        if let Some(v) = parts.headers.get(&h) {
-            forward = forward.header(h, v);
-        }
-    }
-    let forward = forward
-        .body(kube::client::Body::from(body.to_vec()))
-        .expect("request");
-    let response = match client.send(forward).await {
+    let response = match forward(&client, &parts, &target, body).await {
         Ok(r) => r,
-        Err(e) => return unavailable(&format!("forwarding: {e}")),
+        Err(ForwardError::Body(e)) => {
+            return unavailable(&format!("reading the request body: {e}"));
+        }
+        Err(ForwardError::Send(e)) => return unavailable(&format!("forwarding: {e}")),
     };
     let (parts, body) = response.into_parts();
     let mut out = http::Response::builder().status(parts.status);

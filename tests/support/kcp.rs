@@ -13,56 +13,41 @@
 //! closes the listener and every open connection, watches included: "kcp is down".
 #![allow(dead_code)]
 
-use std::convert::Infallible;
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use futures::StreamExt as _;
-use http_body_util::{BodyExt as _, Full, StreamBody, combinators::UnsyncBoxBody};
+use http_body_util::{BodyExt as _, Full, StreamBody};
 
 use super::apiserver::ApiServer;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Out = http::Response<UnsyncBoxBody<Bytes, BoxError>>;
+use super::proxy::{BoxError, ForwardError, Out, Proxy, forward};
 
 pub struct KcpStandIn {
     pub port: u16,
     pub cluster: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    proxy: Proxy,
 }
 
 impl KcpStandIn {
     /// Serve logical cluster `cluster` (and `*`) from `api`, on a free loopback port.
     pub fn start(api: &ApiServer, cluster: &str) -> KcpStandIn {
-        let kubeconfig = api.kubeconfig(super::apiserver::ADMIN);
-        let listener =
-            std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("stand-in listener");
-        let port = listener.local_addr().expect("addr").port();
-        listener.set_nonblocking(true).expect("nonblocking");
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(api.kubeconfig(super::apiserver::ADMIN))
+                .expect("admin kubeconfig");
         let name = cluster.to_string();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(serve(listener, kubeconfig, name, stop_rx));
-            // Whatever is still running (watch streams) goes with the runtime.
-            rt.shutdown_background();
+        let proxy = Proxy::start(kubeconfig, true, move |req, client| {
+            let name = name.clone();
+            async move { handle(req, client, &name).await }
         });
         KcpStandIn {
-            port,
+            port: proxy.port,
             cluster: cluster.to_string(),
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            proxy,
         }
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.proxy.url()
     }
 
     /// A kubeconfig for the stand-in's base URL (or, with `workspace`, a workspace's URL, as
@@ -72,87 +57,27 @@ impl KcpStandIn {
             Some(ws) => format!("{}/clusters/{ws}", self.url()),
             None => self.url(),
         };
-        let path = dir.join(format!("kcp-kubeconfig-{}", self.port));
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: kcp\n  cluster:\n    server: {server}\nusers:\n- name: handoff\n  user:\n    token: ignored-by-the-stand-in\ncontexts:\n- name: kcp\n  context:\n    cluster: kcp\n    user: handoff\ncurrent-context: kcp\n"
-            ),
+        self.proxy.write_kubeconfig(
+            &dir.join(format!("kcp-kubeconfig-{}", self.port)),
+            &server,
+            None,
         )
-        .expect("kcp kubeconfig");
-        path
     }
 
     /// kcp goes away: the listener and every connection close.
     pub fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.proxy.stop();
     }
-}
-
-impl Drop for KcpStandIn {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-async fn serve(
-    listener: std::net::TcpListener,
-    kubeconfig: PathBuf,
-    cluster: String,
-    mut stop: tokio::sync::oneshot::Receiver<()>,
-) {
-    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .expect("client config");
-    let client = kube::Client::try_from(config).expect("client");
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = &mut stop => break,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let (client, cluster) = (client.clone(), cluster.clone());
-                connections.spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let (client, cluster) = (client.clone(), cluster.clone());
-                        async move { Ok::<_, Infallible>(handle(req, client, &cluster).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        }
-    }
-    // Dropping the set aborts every connection, open watches included.
-    connections.abort_all();
 }
 
 fn status(code: u16, message: &str) -> Out {
-    let body = serde_json::json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": if code == 404 { "NotFound" } else { "BadRequest" },
-        "code": code,
-    })
-    .to_string();
-    http::Response::builder()
-        .status(code)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(
-            Full::new(Bytes::from(body))
-                .map_err(|e| match e {})
-                .boxed_unsync(),
-        )
-        .expect("response")
+    let reason = if code == 404 {
+        "NotFound"
+    } else {
+        "BadRequest"
+    };
+    super::proxy::status(code, reason, message)
 }
-
 async fn handle(
     req: http::Request<hyper::body::Incoming>,
     client: kube::Client,
@@ -180,24 +105,10 @@ async fn handle(
         .as_deref()
         .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
     let (parts, body) = req.into_parts();
-    let body = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return status(400, &e.to_string()),
-    };
-    let mut forward = http::Request::builder()
-        .method(parts.method.clone())
-        .uri(target);
-    for h in [http::header::ACCEPT, http::header::CONTENT_TYPE] {
-        if let Some(v) = parts.headers.get(&h) {
-            forward = forward.header(h, v);
-        }
-    }
-    let forward = forward
-        .body(kube::client::Body::from(body.to_vec()))
-        .expect("request");
-    let response = match client.send(forward).await {
+    let response = match forward(&client, &parts, &target, body).await {
         Ok(r) => r,
-        Err(e) => return status(502, &e.to_string()),
+        Err(ForwardError::Body(e)) => return status(400, &e),
+        Err(ForwardError::Send(e)) => return status(502, &e),
     };
     let (parts, body) = response.into_parts();
     let mut out = http::Response::builder().status(parts.status);

@@ -8,4 +8,5 @@ pub mod load;
 pub mod mgmt;
 pub mod netns;
 pub mod providers;
+pub mod proxy;
 pub mod shipped;
