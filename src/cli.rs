@@ -107,6 +107,10 @@ pub struct MoveArgs {
     /// Move even though Deployments pinned to 0 serve webhooks that fail closed.
     #[arg(long)]
     pub allow_webhook_outage: bool,
+    /// Do not add a standby replica to a single-replica controller before its Lease is taken
+    /// (its only pod then exits and its webhooks are down until it restarts).
+    #[arg(long)]
+    pub no_standby: bool,
     /// How long to wait for the pinned pods to be gone.
     #[arg(long, value_name = "DURATION", default_value = WAIT_TIMEOUT, value_parser = duration)]
     pub wait_timeout: Duration,
@@ -200,6 +204,10 @@ pub enum WindowCommand {
         /// Open even though Deployments pinned to 0 serve webhooks that fail closed.
         #[arg(long)]
         allow_webhook_outage: bool,
+        /// Do not add a standby replica to a single-replica Deployment before its Lease is
+        /// taken (its only pod then exits and its webhooks are down until it restarts).
+        #[arg(long)]
+        no_standby: bool,
         /// How to stop each Deployment: auto (hold the Lease its pods hold or last held, else
         /// pin to 0), lease (refuse a Deployment without one), scale (pin every one to 0).
         /// Default: an existing window's own, else auto.

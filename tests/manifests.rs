@@ -750,6 +750,7 @@ fn check_in_cluster(r: &Rendered) {
             "delete",
         ),
         ("authentication.k8s.io", "selfsubjectreviews", "create"),
+        ("discovery.k8s.io", "endpointslices", "list"),
     ] {
         assert!(
             rules_of(operator)

@@ -89,6 +89,7 @@ async fn window_command(
             selector,
             reason,
             allow_webhook_outage,
+            no_standby,
             dry_run,
             wait_timeout,
             stop,
@@ -102,6 +103,8 @@ async fn window_command(
                 poll: Duration::from_secs(2),
                 own: own_deployment,
                 stop: stop.map(Into::into),
+                standby: !no_standby,
+                quiet_preflight: false,
             };
             if dry_run {
                 ops::plan_open(&clusters, &opts, &mut std::io::stdout()).await?;
@@ -176,6 +179,8 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
             poll: Duration::from_secs(2),
             own: a.own_deployment,
             stop: a.stop.map(Into::into),
+            standby: !a.no_standby,
+            quiet_preflight: false,
         },
         close: window::CloseOptions {
             name,

@@ -148,6 +148,20 @@ pub struct MoveRecord {
     /// clusterctl's exit code, once it exited (`-1`: killed by a signal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clusterctl_exit: Option<i32>,
+    /// When handoff first took the target's controllers in this move (RFC 3339), kept across
+    /// re-runs: the summary counts the target's stop from here to `targetBackAt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_stopped_at: Option<String>,
+    /// When handoff first took the source's controllers in this move (RFC 3339), kept across
+    /// re-runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_stopped_at: Option<String>,
+    /// When the target's controllers ran again after the move (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_back_at: Option<String>,
+    /// When the source's controllers ran again after the move (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_back_at: Option<String>,
     /// What went wrong, for `status` and a re-run to show.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -161,8 +175,14 @@ pub struct PinnedDeployment {
     /// `Scale` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<Strategy>,
-    /// Scale: the count it will be restored to. Lease: the count it ran at (never changed).
+    /// Scale: the count it will be restored to. Lease: the count it ran at (restored after a
+    /// standby).
     pub saved_replicas: i32,
+    /// Lease: `open` added one replica as a standby (Ready, not leading) before it took the
+    /// Leases, so that the webhooks keep a pod; `close` scales back to `savedReplicas` before
+    /// it releases them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standby: bool,
     /// Lease: the leader-election Leases the window holds for it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leases: Vec<HeldLease>,

@@ -122,7 +122,7 @@ async fn close_one(
         }
         let mut restored = Vec::new();
         for (ns, l) in orphans {
-            if lease::release(c, &ns, &l, &opts.name).await? {
+            if lease::release(c, &ns, &l, &opts.name).await? != lease::Released::AlreadyFree {
                 let _ = writeln!(
                     out,
                     "{}: there is no MoveWindow {} any more; released Lease {ns}/{l}, which it still held",
@@ -375,6 +375,10 @@ async fn release_leases(
                 names.insert(l.name);
             }
         }
+        // A standby that `open` added goes before any Lease is free: the pod that stays then
+        // leads, instead of one the scale-down might stop while it leads.
+        scale_back_standby(c, p, opts, out).await?;
+        let mut taken_back = Vec::new();
         for l in &names {
             let released = lease::release(c, ns, l, &opts.name).await?;
             record(c, &opts.name, |s| {
@@ -397,38 +401,52 @@ async fn release_leases(
                 s.last_step = Some(format!("released Lease {ns}/{l}"));
             })
             .await?;
-            let _ = writeln!(
-                out,
-                "{}: {} Lease {ns}/{l}",
-                c.label,
-                if released {
-                    "released"
-                } else {
-                    "already released"
+            let _ = match &released {
+                lease::Released::Released => {
+                    writeln!(out, "{}: released Lease {ns}/{l}", c.label)
                 }
-            );
+                lease::Released::AlreadyFree => {
+                    writeln!(out, "{}: Lease {ns}/{l} already released", c.label)
+                }
+                lease::Released::TakenBack(holder) => {
+                    taken_back.push(format!("Lease {l} was taken back by {} while the window held it", who(holder)));
+                    writeln!(
+                        out,
+                        "warning: {}: Lease {ns}/{l} was taken back by {} while MoveWindow {} held it: not written free over it (its controllers may have run during the window; handoff's label is removed)",
+                        c.label,
+                        who(holder),
+                        opts.name
+                    )
+                }
+            };
         }
         let replicas = Api::<Deployment>::namespaced(c.client.clone(), ns)
             .get_opt(name)
             .await
             .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?
             .map(|d| d.spec.and_then(|s| s.replicas).unwrap_or(1));
-        waiting.push((*p, names, replicas));
+        waiting.push((*p, names, replicas, taken_back));
     }
     // Every Lease free, then the wait: the candidates of all of them try at once.
     let start = tokio::time::Instant::now();
     let mut restored = Vec::new();
     let mut left: Vec<String> = Vec::new();
-    for (p, names, replicas) in waiting {
+    for (p, names, replicas, taken_back) in waiting {
         let (ns, name) = (p.namespace.as_str(), p.name.as_str());
         let what = format!("{ns}/{name}");
-        let note = match replicas {
+        let gone = match replicas {
             None => Some("Deployment no longer exists".to_string()),
             Some(0) => Some("runs 0 replicas: no pod can lead".to_string()),
             Some(_) => None,
         };
+        let waits = gone.is_none();
+        let note = match (gone, taken_back.is_empty()) {
+            (Some(n), _) => Some(n),
+            (None, false) => Some(taken_back.join("; ")),
+            (None, true) => None,
+        };
         let mut leaders = Vec::new();
-        if note.is_none() {
+        if waits {
             for l in &names {
                 loop {
                     if let Some(pod) = lease::leader(c, ns, l, name).await? {
@@ -443,7 +461,7 @@ async fn release_leases(
                 }
             }
         }
-        if leaders.len() < names.len() && note.is_none() {
+        if leaders.len() < names.len() && waits {
             continue;
         }
         record(c, &opts.name, |s| {
@@ -463,9 +481,9 @@ async fn release_leases(
             s.last_step = Some(format!("{what} leads again"));
         })
         .await?;
-        let _ = match (&note, leaders.is_empty()) {
-            (Some(n), _) => writeln!(out, "{}: released {what}: {n}", c.label),
-            (None, _) => writeln!(
+        let _ = match (&note, waits) {
+            (Some(n), false) => writeln!(out, "{}: released {what}: {n}", c.label),
+            _ => writeln!(
                 out,
                 "{}: {what} leads again ({}) after {:.1}s",
                 c.label,
@@ -497,6 +515,79 @@ async fn release_leases(
         });
     }
     Ok(restored)
+}
+
+fn who(holder: &str) -> &str {
+    match holder {
+        "" => "nobody (written free by someone else)",
+        h => h,
+    }
+}
+
+/// Scale a Deployment back to its recorded count where `open` added a standby, and wait until
+/// it runs that many Ready pods (so the one that stays serves the webhooks and can lead).
+async fn scale_back_standby(
+    c: &Cluster,
+    p: &PinnedDeployment,
+    opts: &CloseOptions,
+    out: &mut dyn Write,
+) -> Result<()> {
+    if !p.standby {
+        return Ok(());
+    }
+    let (ns, name) = (p.namespace.as_str(), p.name.as_str());
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), ns);
+    let Some(d) = api
+        .get_opt(name)
+        .await
+        .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?
+    else {
+        return Ok(());
+    };
+    let now = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    match plan::standby_back(p, now) {
+        Some(count) => {
+            // Both Ready first: the scale-down then takes one that is not needed (the
+            // ReplicaSet controller removes an unready pod first).
+            super::standby::wait_ready(c, ns, name, now, opts.lead_timeout, opts.poll).await?;
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": count}})),
+            )
+            .await
+            .map_err(api_err(c, format!("scaling Deployment {ns}/{name} back to {count}")))?;
+            super::standby::wait_settled(c, ns, name, count, opts.lead_timeout, opts.poll).await?;
+            let _ = writeln!(
+                out,
+                "{}: {ns}/{name} back to {count} replica{} (the standby is gone)",
+                c.label,
+                if count == 1 { "" } else { "s" }
+            );
+        }
+        // Scaled back already (a run that died before it recorded so).
+        None if now == p.saved_replicas => {}
+        None => {
+            let _ = writeln!(
+                out,
+                "{}: {ns}/{name} runs {now} replicas, not the {} handoff left it at: left as it is",
+                c.label,
+                p.saved_replicas + 1
+            );
+        }
+    }
+    record(c, &opts.name, |s| {
+        if let Some(e) = s
+            .pinned
+            .iter_mut()
+            .find(|e| e.namespace == ns && e.name == name && e.restored_at.is_none())
+        {
+            e.standby = false;
+        }
+        s.last_step = Some(format!("standby of {ns}/{name} removed"));
+    })
+    .await?;
+    Ok(())
 }
 
 /// Close a window on every cluster in the order given (the caller puts the target first).

@@ -141,23 +141,42 @@ pub async fn take(
     })
 }
 
-/// Release one Lease if `window` holds it. `false` when it does not (released already, or
-/// taken by a candidate since).
-pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<bool> {
+/// What `release` found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Released {
+    /// The window held it, and wrote it free.
+    Released,
+    /// Nothing of the window's on it (released already, or gone).
+    AlreadyFree,
+    /// Someone else holds it since (the holder identity, empty when nobody does): never
+    /// written free over them; only the window's label and annotations come off.
+    TakenBack(String),
+}
+
+/// Release one Lease if `window` holds it (by its holder identity, not its label).
+pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<Released> {
     let api = Api::<Lease>::namespaced(c.client.clone(), ns);
     for _attempt in 0..5 {
         let Some(l) = read(c, ns, name).await? else {
-            return Ok(false);
+            return Ok(Released::AlreadyFree);
         };
-        if l.window() != Some(window) {
-            return Ok(false);
-        }
-        let patch = plan::release_patch(&l, Timestamp::now());
+        let (patch, done) = if l.window() == Some(window) {
+            (
+                plan::release_patch(&l, Timestamp::now()),
+                Released::Released,
+            )
+        } else if let Some((w, holder)) = l.taken_back()
+            && w == window
+        {
+            (plan::strip_patch(&l), Released::TakenBack(holder.to_string()))
+        } else {
+            return Ok(Released::AlreadyFree);
+        };
         match api
             .patch(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
-            Ok(_) => return Ok(true),
+            Ok(_) => return Ok(done),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
             Err(e) => return Err(api_err(c, format!("releasing Lease {ns}/{name}"))(e)),
         }
@@ -165,6 +184,16 @@ pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<
     Err(WindowError::Refused {
         cluster: c.label.clone(),
         message: format!("Lease {ns}/{name} kept changing under us; run the command again"),
+    })
+}
+
+/// Who holds a Lease the window took, when it is not the window any more: `Some(holder)`
+/// (empty: nobody, or the Lease is gone), `None` while the window holds it.
+pub async fn taken_from(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<Option<String>> {
+    Ok(match read(c, ns, name).await? {
+        Some(l) if l.window() == Some(window) => None,
+        Some(l) => Some(l.holder),
+        None => Some(String::new()),
     })
 }
 
@@ -204,11 +233,12 @@ pub async fn leader(c: &Cluster, ns: &str, name: &str, deployment: &str) -> Resu
         .and_then(|l| plan::leader_of(&l, deployment).map(str::to_string)))
 }
 
-/// Whether `window` still holds it (for `status`).
-pub async fn held_by(c: &Cluster, ns: &str, name: &str) -> Result<Option<String>> {
+/// The window that holds it now, by its holder identity, and that identity (for `status`).
+pub async fn held_by(c: &Cluster, ns: &str, name: &str) -> Result<(Option<String>, String)> {
     Ok(read(c, ns, name)
         .await?
-        .and_then(|l| l.window().map(str::to_string)))
+        .map(|l| (l.window().map(str::to_string), l.holder))
+        .unwrap_or_default())
 }
 
 /// Wait until `until`, saying once a while what is left.

@@ -14,6 +14,7 @@ mod mover;
 mod open;
 pub mod plan;
 mod preflight;
+mod standby;
 mod status;
 
 pub use close::{CloseOptions, Restored, close};

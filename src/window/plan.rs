@@ -123,11 +123,20 @@ impl LeaseSeen {
         }
     }
 
-    /// The window that holds it: by our label or by our holder identity.
+    /// The window that holds it: its holder identity is the window's. The label alone proves
+    /// nothing: a candidate that acquires the Lease once it is free (freed by hand, or written
+    /// while the guard was down) sends back the object it read with only `spec` changed
+    /// (client-go `tools/leaderelection/resourcelock/leaselock.go`, `Update`), so the label
+    /// outlives the hold. See `taken_back`.
     pub fn window(&self) -> Option<&str> {
-        self.held_by
-            .as_deref()
-            .or_else(|| window_of_holder(&self.holder))
+        window_of_holder(&self.holder)
+    }
+
+    /// A hold taken back: labelled as held by a window while another holder (or nobody) holds
+    /// it. `(window, holder now)`.
+    pub fn taken_back(&self) -> Option<(&str, &str)> {
+        let w = self.held_by.as_deref()?;
+        (self.window() != Some(w)).then_some((w, self.holder.as_str()))
     }
 }
 
@@ -354,6 +363,42 @@ pub fn release_patch(l: &LeaseSeen, now: Timestamp) -> Value {
             "leaseTransitions": l.transitions,
         }
     })
+}
+
+/// What is left of a hold taken back: the window's label and annotations, written off with
+/// the `resourceVersion` read (a leader renewing meanwhile wins, and it is read again), `spec`
+/// untouched: the holder keeps its Lease.
+pub fn strip_patch(l: &LeaseSeen) -> Value {
+    json!({
+        "metadata": {
+            "resourceVersion": l.resource_version,
+            "labels": {HELD_BY_LABEL: null},
+            "annotations": {
+                OPERATOR_ANNOTATION: null,
+                FORMER_HOLDER_ANNOTATION: null,
+                FORMER_DURATION_ANNOTATION: null,
+            },
+        }
+    })
+}
+
+// ---- Lease: a standby that keeps the webhooks served ----
+
+/// Whether `open` adds a standby replica before it takes a Deployment's Leases. Cluster API
+/// ships every provider with one replica, and a manager that loses its Lease exits
+/// (controller-runtime `pkg/manager/internal.go`: "leader election lost"), so its webhooks
+/// are gone until the kubelet restarts it, after CrashLoopBackOff's delay. A second pod,
+/// Ready and not leading, keeps serving them. Not at 0 replicas (its owner stopped it), not
+/// at 2 or more (a standby runs already), and once per window (the record says so).
+pub fn needs_standby(replicas: i32, recorded: Option<&PinnedDeployment>) -> bool {
+    replicas == 1 && !recorded.is_some_and(|p| p.standby && p.restored_at.is_none())
+}
+
+/// The count `close` scales a Deployment back to, before it releases the Lease, where `open`
+/// added a standby: the recorded count, if the Deployment still runs exactly one more.
+/// Anything else was changed by someone since, and is left as they set it.
+pub fn standby_back(p: &PinnedDeployment, replicas_now: i32) -> Option<i32> {
+    (p.standby && replicas_now == p.saved_replicas.saturating_add(1)).then_some(p.saved_replicas)
 }
 
 /// When a former leader is proven stopped. client-go's `renew` (`leaderelection.go`) retries
@@ -626,6 +671,63 @@ mod tests {
             order.iter().map(|c| c.1).collect::<Vec<_>>(),
             ["t", "s", "c"]
         );
+    }
+
+    #[test]
+    fn a_hold_is_judged_by_its_holder_not_its_label() {
+        let mut held = lease("l", &holder_identity("move"));
+        held.held_by = Some("move".into());
+        assert_eq!(held.window(), Some("move"));
+        assert_eq!(held.taken_back(), None);
+        // A provider acquired it since: client-go kept the label, the holder is the pod's.
+        let mut back = held.clone();
+        back.holder = "capi-controller-manager-7d9f8b6c4-x2k4j_u9".into();
+        assert_eq!(back.window(), None);
+        assert_eq!(
+            back.taken_back(),
+            Some(("move", "capi-controller-manager-7d9f8b6c4-x2k4j_u9"))
+        );
+        // So a re-run takes it again, from that pod, instead of calling it held.
+        let now: Timestamp = "2026-12-01T08:00:00Z".parse().unwrap();
+        assert!(matches!(
+            take_plan(&back, "move", "alice", now),
+            TakePlan::Take { former_holder, .. } if former_holder == back.holder
+        ));
+        // And it is its Deployment's again.
+        assert_eq!(
+            claims(CAPI, std::slice::from_ref(&back), "move"),
+            vec![Claim::Its(back.clone())]
+        );
+        // Freed by hand and not yet acquired: taken back from the window, by nobody.
+        let mut freed = held.clone();
+        freed.holder = String::new();
+        assert_eq!(freed.taken_back(), Some(("move", "")));
+        let strip = strip_patch(&back);
+        assert!(strip.get("spec").is_none(), "the holder keeps its Lease: {strip}");
+        assert!(strip["metadata"]["labels"][HELD_BY_LABEL].is_null());
+        assert_eq!(strip["metadata"]["resourceVersion"], "42");
+        // Unlabelled and held by a pod: not a window's at all.
+        assert_eq!(lease("l", "pod-abc-def_u").taken_back(), None);
+    }
+
+    #[test]
+    fn a_single_replica_gets_one_standby_and_gets_it_back() {
+        let rec = |standby: bool, restored: bool| PinnedDeployment {
+            saved_replicas: 1,
+            standby,
+            restored_at: restored.then(|| "2026-12-01T00:00:00Z".into()),
+            ..PinnedDeployment::default()
+        };
+        assert!(needs_standby(1, None));
+        assert!(!needs_standby(0, None), "stopped by its owner: stays at 0");
+        assert!(!needs_standby(2, None), "a standby runs already");
+        assert!(!needs_standby(1, Some(&rec(true, false))), "added once");
+        assert!(needs_standby(1, Some(&rec(true, true))), "a restored record is history");
+        assert!(needs_standby(1, Some(&rec(false, false))));
+        assert_eq!(standby_back(&rec(true, false), 2), Some(1));
+        assert_eq!(standby_back(&rec(true, false), 3), None, "scaled by someone since");
+        assert_eq!(standby_back(&rec(true, false), 1), None, "not added (a run died before)");
+        assert_eq!(standby_back(&rec(false, false), 2), None);
     }
 
     #[test]

@@ -35,6 +35,51 @@ impl std::fmt::Display for Finding {
     }
 }
 
+/// The findings said once per Deployment: `cluster: Deployment ns/name backs Service s (3
+/// fail-closed webhooks, 1 conversion)`, in the order first found.
+pub fn by_deployment(findings: &[Finding]) -> Vec<String> {
+    let mut order: Vec<(&str, &str)> = Vec::new();
+    let mut services: BTreeMap<(&str, &str), BTreeMap<&str, (usize, usize)>> = BTreeMap::new();
+    for f in findings {
+        let key = (f.cluster.as_str(), f.deployment.as_str());
+        if !order.contains(&key) {
+            order.push(key);
+        }
+        let n = services
+            .entry(key)
+            .or_default()
+            .entry(f.service.as_str())
+            .or_default();
+        match f.hook.starts_with("CustomResourceDefinition ") {
+            true => n.1 += 1,
+            false => n.0 += 1,
+        }
+    }
+    let count = |n: usize, one: &str, many: &str| match n {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    };
+    order
+        .into_iter()
+        .map(|key| {
+            let backs: Vec<String> = services[&key]
+                .iter()
+                .map(|(svc, (hooks, convs))| {
+                    let mut what = Vec::new();
+                    if *hooks > 0 {
+                        what.push(count(*hooks, "fail-closed webhook", "fail-closed webhooks"));
+                    }
+                    if *convs > 0 {
+                        what.push(count(*convs, "CRD conversion", "CRD conversions"));
+                    }
+                    format!("Service {svc} ({})", what.join(", "))
+                })
+                .collect();
+            format!("{}: Deployment {} backs {}", key.0, key.1, backs.join(", "))
+        })
+        .collect()
+}
+
 /// Every selected Deployment whose pods back a webhook or conversion Service that fails closed.
 pub async fn preflight(
     c: &Cluster,

@@ -54,6 +54,8 @@ pub struct LeaseReport {
     pub name: String,
     /// The window that holds it now, read from the Lease (`None`: free or taken back).
     pub held_by: Option<String>,
+    /// Its holder identity now (a pod's, where the Lease was taken back or released).
+    pub holder: String,
     pub former_holder: String,
     pub former_lease_duration_seconds: i32,
     pub held_since: Option<String>,
@@ -104,8 +106,10 @@ pub async fn status(
                     .find(|p| p.namespace == ns && p.name == dname);
                 let mut leases = Vec::new();
                 for l in rec.map(|p| p.leases.as_slice()).unwrap_or_default() {
+                    let (held_by, holder) = lease::held_by(c, &ns, &l.name).await?;
                     leases.push(LeaseReport {
-                        held_by: lease::held_by(c, &ns, &l.name).await?,
+                        held_by,
+                        holder,
                         name: l.name.clone(),
                         former_holder: l.former_holder.clone(),
                         former_lease_duration_seconds: l.former_lease_duration_seconds,
@@ -205,6 +209,10 @@ pub fn render_table(views: &[WindowReport]) -> String {
                     (Some(w), _) if *w == v.name => "held".to_string(),
                     (Some(w), _) => format!("held by MoveWindow {w}"),
                     (None, Some(_)) => "released".to_string(),
+                    (None, None) if l.held_since.is_some() && !l.holder.is_empty() => format!(
+                        "TAKEN BACK: held by {} although the window never released it (its controllers may be running)",
+                        l.holder
+                    ),
                     (None, None) => "not held".to_string(),
                 };
                 s.push_str(&format!(

@@ -9,7 +9,8 @@ use tokio::time::Instant;
 
 use super::super::common::{Cluster, Result, WindowError};
 use super::super::move_plan::{self, BLOCK_MOVE, ClusterctlFlags};
-use super::super::open::{OpenOptions, open, plan_open};
+use super::super::common::now;
+use super::super::open::{OpenOptions, Taken, plan_open, prove, take};
 use super::child::{Child, ExitStatus, Signals};
 use super::cluster_api::{self, CLUSTERS, clusters_in, scan};
 use super::{MoveOptions, note, phase};
@@ -57,12 +58,15 @@ pub struct Ran {
     pub source_stopped: Option<Instant>,
 }
 
-/// Stop the source's controllers (proven), then record that clusterctl may copy. The lift of
+/// Stop the source's controllers, and prove them stopped together with the target's (taken
+/// before clusterctl started): the later of the two bounds, each Lease still the window's,
+/// each Lease-stopped controller serving. Then record that clusterctl may copy; the lift of
 /// handoff's block-move comes after, and only once this returned.
 async fn stop_source(
     source: &Cluster,
     target: &Cluster,
     source_opts: &OpenOptions,
+    target_taken: Vec<Taken>,
     window: &str,
     paused: &[String],
     out: &mut dyn Write,
@@ -76,8 +80,21 @@ async fn stop_source(
         out,
         "clusterctl paused the source and the providers lifted their block-move: stopping the source's controllers",
     );
-    open(std::slice::from_ref(source), source_opts, out).await?;
-    p.done(out, "the source's controllers are stopped");
+    let mut all = target_taken;
+    let source_taken = take(std::slice::from_ref(source), source_opts, out).await?;
+    let first = source_taken
+        .iter()
+        .filter_map(Taken::first_taken)
+        .min()
+        .map(|t| t.to_string())
+        .unwrap_or_else(now);
+    note(target, window, |m| {
+        m.source_stopped_at.get_or_insert_with(|| first.clone());
+    })
+    .await?;
+    all.extend(source_taken);
+    prove(&all, out).await?;
+    p.done(out, "both clusters' controllers are proven stopped, and serve their webhooks");
     note(target, window, |m| m.phase = "Copying".into()).await
 }
 
@@ -90,12 +107,14 @@ pub async fn run_clusterctl(
     source: &Cluster,
     target: &Cluster,
     source_opts: &OpenOptions,
+    target_taken: Vec<Taken>,
     opts: &MoveOptions,
     stopped_already: bool,
     signals: &mut Signals,
     out: &mut dyn Write,
 ) -> Result<Ran> {
     let ns = &opts.flags.namespace;
+    let mut target_taken = Some(target_taken);
     let mut child = Child::spawn(&opts.clusterctl, &opts.flags, source)?;
     let mut interrupted = false;
     let mut source_stopped = stopped_already.then(Instant::now);
@@ -141,7 +160,7 @@ pub async fn run_clusterctl(
                 }
                 let paused: Vec<String> = clusters.iter().filter(|c| c.paused).map(|c| c.key.clone()).collect();
                 let stopped = tokio::select! {
-                    r = stop_source(source, target, source_opts, &opts.window, &paused, out) => Some(r),
+                    r = stop_source(source, target, source_opts, target_taken.take().unwrap_or_default(), &opts.window, &paused, out) => Some(r),
                     sig = signals.next() => {
                         interrupted = true;
                         child.signal(sig);

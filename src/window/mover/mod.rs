@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::close::{CloseOptions, close};
 use super::common::{Cluster, Result, WindowError, now, read_window, record};
 use super::move_plan::{self, BLOCK_MOVE, ClusterSeen, ClusterctlFlags, PAUSED_ANNOTATION, Start};
-use super::open::{OpenOptions, check, open};
+use super::open::{OpenOptions, Taken, check, open, prove, take};
 use crate::resources::move_window::{MoveRecord, WindowState};
 use child::Signals;
 use cluster_api::{CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in, scan};
@@ -119,6 +119,7 @@ pub async fn run(
             deleting,
         );
     }
+    let fresh = start == Start::Fresh;
     let mut restored = Vec::new();
     match start {
         Start::RestoreOnly => {
@@ -127,7 +128,7 @@ pub async fn run(
                 "handoff move: clusterctl already moved namespace {ns}; restoring the controllers"
             );
             restore(source, target, opts, &mut restored, out).await?;
-            return finish(target, opts, started, &restored, None, out).await;
+            return finish(target, opts, started, &restored, out).await;
         }
         Start::FinishTarget => {
             let _ = writeln!(
@@ -147,7 +148,7 @@ pub async fn run(
             })
             .await?;
             restore(source, target, opts, &mut restored, out).await?;
-            return finish(target, opts, started, &restored, None, out).await;
+            return finish(target, opts, started, &restored, out).await;
         }
         _ => {}
     }
@@ -168,6 +169,9 @@ pub async fn run(
     check(std::slice::from_ref(target), &target_opts, out).await?;
     check(std::slice::from_ref(source), &source_opts, out).await?;
     p.done(out, "checked");
+    // Said once: the opens below check again, quietly.
+    target_opts.quiet_preflight = true;
+    source_opts.quiet_preflight = true;
     let mut signals = Signals::catch()
         .map_err(|e| refused(source, format!("cannot catch SIGINT and SIGTERM: {e}")))?;
 
@@ -200,6 +204,10 @@ pub async fn run(
                 ),
             );
             open(std::slice::from_ref(source), &source_opts, out).await?;
+            note(target, &opts.window, |m| {
+                m.source_stopped_at.get_or_insert_with(now);
+            })
+            .await?;
             // Nothing reconciles them: every source controller is stopped.
             unpause_what_clusterctl_paused(source, target, opts, &r, out).await?;
             p.done(
@@ -234,10 +242,23 @@ pub async fn run(
             .map_err(|e| refused(source, e.to_string()))?,
     };
 
-    // 1. The target's controllers, before anything is copied.
+    // 1. The target's controllers: taken now, proven stopped before anything is created
+    // there. The proof (the former leaders' lease duration) runs while clusterctl starts,
+    // pauses the source and waits on handoff's block-move, and ends together with the
+    // source's, right before the lift: one Lease bound per move, not two in a row.
     let p = phase(out, "stopping the target's controllers");
-    open(std::slice::from_ref(target), &target_opts, out).await?;
-    let target_stopped = Instant::now();
+    let target_taken = take(std::slice::from_ref(target), &target_opts, out).await?;
+    let first_taken = target_taken
+        .iter()
+        .filter_map(Taken::first_taken)
+        .min()
+        .map(|t| t.to_string())
+        .unwrap_or_else(now);
+    let proven_at = target_taken
+        .iter()
+        .map(Taken::proven_at)
+        .max()
+        .map(|t| t.to_string());
     let keys = |v: &[ClusterSeen]| v.iter().map(|c| c.key.clone()).collect::<Vec<_>>();
     let (cluster_keys, class_keys) = (keys(&clusters), keys(&classes));
     note(target, &opts.window, |m| {
@@ -245,6 +266,11 @@ pub async fn run(
         at_start.extend(cluster_keys.iter().cloned());
         at_start.sort();
         at_start.dedup();
+        // Kept across re-runs: the stop counts from the first take-over.
+        let (t, s) = match fresh {
+            true => (None, None),
+            false => (m.target_stopped_at.take(), m.source_stopped_at.take()),
+        };
         *m = MoveRecord {
             phase: "Stopping target".into(),
             namespace: ns.clone(),
@@ -252,11 +278,31 @@ pub async fn run(
             attempts: m.attempts + 1,
             clusters: at_start,
             cluster_classes: class_keys.clone(),
+            target_stopped_at: t.or_else(|| Some(first_taken.clone())),
+            source_stopped_at: s,
             ..MoveRecord::default()
         };
     })
     .await?;
-    p.done(out, "the target's controllers are stopped");
+    // Where the source is stopped already there is no block-move to hold clusterctl: the
+    // target is proven before clusterctl starts.
+    let target_taken = match source_stopped_already {
+        true => {
+            prove(&target_taken, out).await?;
+            p.done(out, "the target's controllers are stopped");
+            vec![]
+        }
+        false => {
+            p.done(
+                out,
+                &format!(
+                    "the target's controllers are held; proven stopped at {}, while clusterctl starts and waits",
+                    proven_at.as_deref().unwrap_or("once taken")
+                ),
+            );
+            target_taken
+        }
+    };
 
     // From here on every way out lifts handoff's block-move and records why.
     let moved = async {
@@ -292,7 +338,7 @@ pub async fn run(
             out,
             &format!("running {} {}", opts.clusterctl.display(), render_args(&opts.flags)),
         );
-        let ran = run_clusterctl(source, target, &source_opts, opts, source_stopped_already, &mut signals, out).await?;
+        let ran = run_clusterctl(source, target, &source_opts, target_taken, opts, source_stopped_already, &mut signals, out).await?;
         p.done(out, &format!("clusterctl exited {}", ran.status.describe()));
         Ok(ran)
     }
@@ -356,10 +402,6 @@ pub async fn run(
     })
     .await?;
     // 4. Back: the target's first, then the source's.
-    let (target_back, source_back) = restore(source, target, opts, &mut restored, out).await?;
-    let durations = Some((
-        target_back.duration_since(target_stopped),
-        ran.source_stopped.map(|s| source_back.duration_since(s)),
-    ));
-    finish(target, opts, started, &restored, durations, out).await
+    restore(source, target, opts, &mut restored, out).await?;
+    finish(target, opts, started, &restored, out).await
 }

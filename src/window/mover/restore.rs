@@ -2,8 +2,8 @@
 //! paused unpaused, the closing report, and `--abort`.
 
 use std::io::Write;
-use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -12,7 +12,7 @@ use super::super::common::{Cluster, Result, read_window};
 use super::super::move_plan::{self, BLOCK_MOVE, PAUSED_ANNOTATION};
 use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in};
 use super::clusterctl::lift_block_move;
-use super::{MoveOptions, note, phase};
+use super::{MoveOptions, note, phase, read_record};
 use crate::resources::move_window::{MoveRecord, Strategy};
 
 /// Unpause what clusterctl paused: Clusters (`spec.paused`) and ClusterClasses (the paused
@@ -80,17 +80,21 @@ pub async fn unpause_what_clusterctl_paused(
     note(target, &opts.window, |m| m.paused_by_clusterctl.clear()).await
 }
 
-/// Close the target's window (its controllers lead again), then the source's. Returns when
-/// each was done.
+/// Close the target's window (its controllers lead again), then the source's, and record
+/// when each was done.
 pub async fn restore(
     source: &Cluster,
     target: &Cluster,
     opts: &MoveOptions,
     restored: &mut Vec<Restored>,
     out: &mut dyn Write,
-) -> Result<(Instant, Instant)> {
+) -> Result<()> {
     let done = restore_each([target, source], opts, restored, out).await?;
-    Ok((done[0], done[1]))
+    note(target, &opts.window, |m| {
+        m.target_back_at = Some(done[0].to_string());
+        m.source_back_at = Some(done[1].to_string());
+    })
+    .await
 }
 
 /// Close the window on each cluster in the order given (one that has none is skipped); when
@@ -100,15 +104,15 @@ pub async fn restore_each(
     opts: &MoveOptions,
     restored: &mut Vec<Restored>,
     out: &mut dyn Write,
-) -> Result<[Instant; 2]> {
-    let mut done = [Instant::now(); 2];
+) -> Result<[Timestamp; 2]> {
+    let mut done = [Timestamp::now(); 2];
     for (i, c) in order.into_iter().enumerate() {
         let p = phase(out, &format!("restoring the {}'s controllers", c.label));
         if read_window(c, &opts.window).await?.is_some() {
             restored.extend(close(std::slice::from_ref(c), &opts.close, out).await?);
         }
         p.done(out, &format!("the {}'s controllers run again", c.label));
-        done[i] = Instant::now();
+        done[i] = Timestamp::now();
     }
     Ok(done)
 }
@@ -118,23 +122,22 @@ pub async fn finish(
     opts: &MoveOptions,
     started: Instant,
     restored: &[Restored],
-    stopped: Option<(Duration, Option<Duration>)>,
     out: &mut dyn Write,
 ) -> Result<()> {
     note(target, &opts.window, |m| m.phase = "Done".into()).await?;
+    let done = read_record(target, &opts.window).await?;
     let _ = writeln!(
         out,
         "handoff move: namespace {} moved in {:.1}s",
         opts.flags.namespace,
         started.elapsed().as_secs_f64()
     );
-    if let Some((t, s)) = stopped {
+    if let Some(m) = done {
         let _ = writeln!(
             out,
-            "  the target's controllers were stopped for {:.1}s, the source's for {}",
-            t.as_secs_f64(),
-            s.map(|s| format!("{:.1}s", s.as_secs_f64()))
-                .unwrap_or_else(|| "no time (clusterctl did not wait)".into())
+            "  the target's controllers were stopped for {}, the source's for {} (from the first take-over to the last release, across re-runs)",
+            stopped_for(m.target_stopped_at.as_deref(), m.target_back_at.as_deref()),
+            stopped_for(m.source_stopped_at.as_deref(), m.source_back_at.as_deref()),
         );
     }
     for r in restored {
@@ -156,6 +159,14 @@ pub async fn finish(
         );
     }
     Ok(())
+}
+
+fn stopped_for(from: Option<&str>, to: Option<&str>) -> String {
+    let parse = |t: Option<&str>| t.and_then(|t| t.parse::<Timestamp>().ok());
+    match (parse(from), parse(to)) {
+        (Some(f), Some(t)) => format!("{:.1}s", t.duration_since(f).as_secs_f64()),
+        _ => "no time (never stopped in this move)".into(),
+    }
 }
 
 /// `--abort`: every controller back as it was, the source's first (it still owns what was not

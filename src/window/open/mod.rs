@@ -19,17 +19,20 @@ use super::common::{
 };
 use super::lease;
 use super::plan;
-use super::preflight::preflight;
+use super::preflight::{self, preflight};
+use super::standby;
 use crate::resources::move_window::{
-    MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, StopPolicy, Strategy,
-    WindowState,
+    HeldLease, MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, StopPolicy,
+    Strategy, WindowState,
 };
+use k8s_openapi::jiff::Timestamp;
 use crate::rules::move_window::OwnDeployment;
 use crate::rules::selector::Selector;
 use by_lease::{leased_record, proven_at, take_leases};
+pub use choose::Choice;
 use by_scale::{pin_deployment, wait_pods_gone, wait_policy_in_force};
 pub use choose::plan_open;
-use choose::{Choice, Stop, choose, leased};
+use choose::{Stop, choose, leased};
 
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
@@ -43,17 +46,22 @@ pub struct OpenOptions {
     pub own: OwnDeployment,
     /// `--stop`: `None` keeps an existing window's, or `Auto` for a new one.
     pub stop: Option<StopPolicy>,
+    /// Add a standby replica to a single-replica Deployment before its Lease is taken
+    /// (`--no-standby` turns it off).
+    pub standby: bool,
+    /// The preflight was said already (`handoff move` checks both clusters first).
+    pub quiet_preflight: bool,
 }
 
 /// Create the window, or re-open an existing one, recording the Lease-stopped Deployments in
 /// the same status write (so that neither the pin nor its policy scales them); returns whether
-/// the pin's admission policies are bound to it.
+/// the pin's admission policies are bound to it, and the status as recorded.
 async fn ensure_open(
     c: &Cluster,
     opts: &OpenOptions,
     leased: &[PinnedDeployment],
     out: &mut dyn Write,
-) -> Result<bool> {
+) -> Result<(bool, MoveWindowStatus)> {
     // `checked` refused an existing window whose selector or stop policy the flags contradict.
     // A window is created (or re-opened) Closed, its Lease-stopped Deployments recorded, and
     // only then set Open: a pin that sees it open always sees which ones not to scale.
@@ -84,7 +92,7 @@ async fn ensure_open(
         }
     };
     // Recorded before the pin's policies are bound: their condition reads the strategies.
-    record(c, &opts.name, |s| {
+    let status = record(c, &opts.name, |s| {
         if s.phase.as_deref() != Some("Open") {
             // A new opening: what an earlier window recorded about its pods no longer holds.
             if s.phase.as_deref() != Some("Opening") {
@@ -130,7 +138,7 @@ async fn ensure_open(
             c.label, opts.name
         );
     }
-    Ok(bound)
+    Ok((bound, status))
 }
 
 /// Record a Lease-stopped Deployment, keeping what an earlier run recorded of its Leases (the
@@ -151,6 +159,11 @@ fn merge_leased(s: &mut MoveWindowStatus, mut p: PinnedDeployment) {
             }
         }
         p.stopped_since = old.stopped_since.clone();
+        // A standby added by an earlier run: the count to go back to is the one before it.
+        if old.standby {
+            p.standby = true;
+            p.saved_replicas = old.saved_replicas;
+        }
     }
     upsert_pinned(s, p);
 }
@@ -165,11 +178,13 @@ pub async fn check(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write
 
 type Chosen = (Selector, StopPolicy, Vec<Choice>);
 
+/// Each cluster's choice, and the fail-closed webhook Services its Lease-stopped Deployments
+/// back (`namespace/name`), which must keep a ready endpoint.
 async fn checked(
     clusters: &[Cluster],
     opts: &OpenOptions,
     out: &mut dyn Write,
-) -> Result<Vec<Chosen>> {
+) -> Result<Vec<(Chosen, Vec<String>)>> {
     // The name becomes a label value on held Leases (at most 63 characters), refused now
     // rather than after the first Deployment is stopped.
     if opts.name.len() > 63 {
@@ -187,24 +202,72 @@ async fn checked(
         chosen.push(choose(c, opts).await?);
     }
     let mut findings = Vec::new();
-    for (c, (selector, _, choices)) in clusters.iter().zip(&chosen) {
+    let mut all = Vec::new();
+    for (c, chosen) in clusters.iter().zip(chosen) {
+        let (selector, _, choices) = &chosen;
+        let mut served = Vec::new();
         for f in preflight(c, selector, &opts.own).await? {
             if leased(choices, &f) {
-                let _ = writeln!(out, "{f}: stopped by Lease, its webhooks keep serving");
+                served.push(f);
             } else {
                 findings.push(f);
             }
         }
+        if !opts.quiet_preflight {
+            for line in preflight::by_deployment(&served) {
+                let _ = writeln!(out, "{line}: stopped by Lease, its webhooks keep serving");
+            }
+        }
+        let mut services: Vec<String> = served.into_iter().map(|f| f.service).collect();
+        services.sort();
+        services.dedup();
+        all.push((chosen, services));
     }
     if !findings.is_empty() {
         if !opts.allow_webhook_outage {
             return Err(WindowError::Preflight(findings));
         }
-        for f in &findings {
-            let _ = writeln!(out, "warning: {f} (allowed by --allow-webhook-outage)");
+        if !opts.quiet_preflight {
+            for line in preflight::by_deployment(&findings) {
+                let _ = writeln!(out, "warning: {line} (allowed by --allow-webhook-outage)");
+            }
         }
     }
-    Ok(chosen)
+    Ok(all)
+}
+
+/// What `take` stopped on one cluster and `prove` has yet to prove.
+pub struct Taken {
+    cluster: Cluster,
+    opts: OpenOptions,
+    /// Lease-stopped Deployments, their Leases as held, and when their former leaders are
+    /// proven stopped.
+    leased: Vec<(Choice, Vec<HeldLease>, Timestamp)>,
+    /// Scale-stopped Deployments.
+    scaled: Vec<(String, String)>,
+    /// The fail-closed webhook Services the Lease-stopped Deployments back.
+    services: Vec<String>,
+    started: tokio::time::Instant,
+}
+
+impl Taken {
+    /// When every former leader here is proven stopped (now, where none was).
+    pub fn proven_at(&self) -> Timestamp {
+        self.leased
+            .iter()
+            .map(|(_, _, t)| *t)
+            .max()
+            .unwrap_or_else(Timestamp::now)
+    }
+
+    /// The earliest take-over of a Lease here, as recorded (a re-run keeps the first).
+    pub fn first_taken(&self) -> Option<Timestamp> {
+        self.leased
+            .iter()
+            .flat_map(|(_, held, _)| held)
+            .filter_map(|h| h.held_since.as_deref()?.parse().ok())
+            .min()
+    }
 }
 
 /// Open a window on every cluster: choose and preflight all, then create the windows, stop
@@ -212,11 +275,23 @@ async fn checked(
 /// stopped: the former leaders' `leaseDurationSeconds` after the take-over for a Lease, the
 /// pods gone for a Scale.
 pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write) -> Result<()> {
+    let taken = take(clusters, opts, out).await?;
+    prove(&taken, out).await
+}
+
+/// The first half of `open`: everything but the waits. Each selected Deployment is pinned to
+/// 0 or has its Leases taken (after a standby of a single-replica one is Ready); `prove` waits
+/// until they are proven stopped. `handoff move` runs other steps in between.
+pub async fn take(
+    clusters: &[Cluster],
+    opts: &OpenOptions,
+    out: &mut dyn Write,
+) -> Result<Vec<Taken>> {
     let started = tokio::time::Instant::now();
     let chosen = checked(clusters, opts, out).await?;
     // Who holds the Leases: asked once, and only where a Lease will be taken.
     let mut operators: Vec<Option<String>> = Vec::new();
-    for (c, (_, _, choices)) in clusters.iter().zip(&chosen) {
+    for (c, ((_, _, choices), _)) in clusters.iter().zip(&chosen) {
         let needs = choices.iter().any(|ch| matches!(ch.plan, Stop::Lease(_)));
         let me = match needs {
             true => Some(lease::whoami(c).await?),
@@ -243,9 +318,12 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
     // Every window exists and is open before any Deployment is stopped anywhere, so a cluster
     // that fails here leaves no controller stopped without a window to close.
     let mut bound = Vec::new();
-    for ((c, (_, _, choices)), operator) in clusters.iter().zip(&chosen).zip(&operators) {
+    let mut recorded = Vec::new();
+    for ((c, ((_, _, choices), _)), operator) in clusters.iter().zip(&chosen).zip(&operators) {
         let leased: Vec<PinnedDeployment> = choices.iter().filter_map(leased_record).collect();
-        bound.push(ensure_open(c, opts, &leased, out).await?);
+        let (b, status) = ensure_open(c, opts, &leased, out).await?;
+        bound.push(b);
+        recorded.push(status);
         if let Some(op) = operator {
             record(c, &opts.name, |s| {
                 s.operator = Some(op.clone());
@@ -253,53 +331,142 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
             .await?;
         }
     }
-    let mut scaled = Vec::new();
-    let mut proofs = Vec::new();
-    for (((c, (_, _, choices)), operator), bound) in
-        clusters.iter().zip(&chosen).zip(&operators).zip(&bound)
+    let mut taken = Vec::new();
+    for ((((c, ((_, _, choices), services)), operator), bound), status) in clusters
+        .iter()
+        .zip(&chosen)
+        .zip(&operators)
+        .zip(&bound)
+        .zip(&recorded)
     {
         let mut keys = Vec::new();
         if choices.is_empty() {
             let _ = writeln!(out, "{}: no Deployment is selected", c.label);
         }
         for ch in choices {
+            let Stop::Scale(_) = &ch.plan else {
+                continue;
+            };
             let (ns, name) = (ch.namespace.clone(), ch.name.clone());
-            match &ch.plan {
-                Stop::Scale(_) => {
-                    let saved = pin_deployment(c, &ns, &name, out).await?;
-                    record(c, &opts.name, |s| {
-                        upsert_pinned(
-                            s,
-                            PinnedDeployment {
-                                namespace: ns.clone(),
-                                name: name.clone(),
-                                strategy: Some(Strategy::Scale),
-                                saved_replicas: saved,
-                                ..PinnedDeployment::default()
-                            },
-                        );
-                        s.last_step = Some(format!("pinned {ns}/{name}"));
-                    })
-                    .await?;
-                    keys.push((ns, name));
-                }
-                Stop::Lease(_) => {
-                    let op = operator.as_deref().expect("asked where a Lease is taken");
-                    let held = take_leases(c, opts, ch, op, out).await?;
-                    proofs.push((c.clone(), ch.clone(), proven_at(&held)));
-                }
-            }
+            let saved = pin_deployment(c, &ns, &name, out).await?;
+            record(c, &opts.name, |s| {
+                upsert_pinned(
+                    s,
+                    PinnedDeployment {
+                        namespace: ns.clone(),
+                        name: name.clone(),
+                        strategy: Some(Strategy::Scale),
+                        saved_replicas: saved,
+                        ..PinnedDeployment::default()
+                    },
+                );
+                s.last_step = Some(format!("pinned {ns}/{name}"));
+            })
+            .await?;
+            keys.push((ns, name));
         }
         if let (true, Some(first)) = (bound, keys.first()) {
             wait_policy_in_force(c, first, out).await?;
         }
-        scaled.push((c.clone(), keys));
+        let leased: Vec<&Choice> = choices
+            .iter()
+            .filter(|ch| matches!(ch.plan, Stop::Lease(_)))
+            .collect();
+        if opts.standby {
+            add_standbys(c, opts, &leased, status, out).await?;
+        }
+        let mut held = Vec::new();
+        for ch in leased {
+            let op = operator.as_deref().expect("asked where a Lease is taken");
+            let h = take_leases(c, opts, ch, op, out).await?;
+            let at = proven_at(&h);
+            held.push((ch.clone(), h, at));
+        }
+        taken.push(Taken {
+            cluster: c.clone(),
+            opts: opts.clone(),
+            leased: held,
+            scaled: keys,
+            services: services.clone(),
+            started,
+        });
     }
-    // The Lease bound: the former leaders may go on reconciling until then.
-    if let Some(until) = proofs.iter().map(|(_, _, t)| *t).max() {
+    Ok(taken)
+}
+
+/// Add a standby replica to each single-replica Lease-stopped Deployment (recorded before it
+/// is written), and wait until every one is Ready: only then is a Lease taken, so that its
+/// webhooks keep a pod while the former leader exits.
+async fn add_standbys(
+    c: &Cluster,
+    opts: &OpenOptions,
+    leased: &[&Choice],
+    status: &MoveWindowStatus,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut added = Vec::new();
+    for ch in leased {
+        let rec = status
+            .pinned
+            .iter()
+            .find(|p| p.namespace == ch.namespace && p.name == ch.name);
+        if !plan::needs_standby(ch.replicas, rec) {
+            continue;
+        }
+        record(c, &opts.name, |s| {
+            if let Some(p) = s
+                .pinned
+                .iter_mut()
+                .find(|p| p.namespace == ch.namespace && p.name == ch.name)
+            {
+                p.standby = true;
+                p.saved_replicas = ch.replicas;
+            }
+            s.last_step = Some(format!("standby for {}", ch.what()));
+        })
+        .await?;
+        standby::scale(c, &ch.namespace, &ch.name, ch.replicas + 1).await?;
+        added.push(*ch);
+    }
+    for ch in &added {
+        standby::wait_ready(
+            c,
+            &ch.namespace,
+            &ch.name,
+            ch.replicas + 1,
+            SERVING_TIMEOUT,
+            opts.poll.min(FAST_POLL),
+        )
+        .await?;
+    }
+    if !added.is_empty() {
+        let _ = writeln!(
+            out,
+            "{}: a standby replica is Ready for {} (its only pod exits when its Lease is taken; the standby serves its webhooks meanwhile)",
+            c.label,
+            added.iter().map(|ch| ch.what()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// How long a standby may take to be Ready, and a webhook Service to have a ready endpoint.
+pub const SERVING_TIMEOUT: Duration = Duration::from_secs(180);
+const FAST_POLL: Duration = Duration::from_millis(500);
+
+/// The second half of `open`, for every cluster `take` stopped at once: wait until the former
+/// leaders can no longer be leading (the latest bound of all), check that every Lease is still
+/// the window's and that the Lease-stopped controllers serve (a Ready pod, their webhook
+/// Services a ready endpoint), and wait for the pinned pods to be gone.
+pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
+    let proofs: Vec<(&Taken, &Choice, &Timestamp)> = taken
+        .iter()
+        .flat_map(|t| t.leased.iter().map(move |(ch, _, at)| (t, ch, at)))
+        .collect();
+    if let Some(until) = proofs.iter().map(|(_, _, t)| **t).max() {
         let names: Vec<String> = proofs
             .iter()
-            .map(|(c, ch, _)| format!("{}: {}", c.label, ch.what()))
+            .map(|(t, ch, _)| format!("{}: {}", t.cluster.label, ch.what()))
             .collect();
         lease::sleep_until(
             until,
@@ -310,8 +477,41 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
             out,
         )
         .await;
-        for (c, ch, at) in &proofs {
-            record(c, &opts.name, |s| {
+    }
+    for t in taken {
+        let c = &t.cluster;
+        for (ch, held, _) in &t.leased {
+            for h in held {
+                if let Some(holder) = lease::taken_from(c, &ch.namespace, &h.name, &t.opts.name).await? {
+                    return Err(WindowError::Refused {
+                        cluster: c.label.clone(),
+                        message: format!(
+                            "{}: Lease {}/{} was taken back by {} while MoveWindow {} held it, so its controllers may be running: run the same command again to take it again and prove it anew, or close the window",
+                            ch.what(),
+                            ch.namespace,
+                            h.name,
+                            if holder.is_empty() { "nobody (written free by someone)" } else { &holder },
+                            t.opts.name
+                        ),
+                    });
+                }
+            }
+        }
+        let deployments: Vec<(String, String)> = t
+            .leased
+            .iter()
+            .map(|(ch, _, _)| (ch.namespace.clone(), ch.name.clone()))
+            .collect();
+        standby::wait_serving(
+            c,
+            &deployments,
+            &t.services,
+            SERVING_TIMEOUT,
+            t.opts.poll.min(FAST_POLL),
+        )
+        .await?;
+        for (ch, _, at) in &t.leased {
+            record(c, &t.opts.name, |s| {
                 if let Some(p) = s
                     .pinned
                     .iter_mut()
@@ -324,30 +524,40 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
             .await?;
             let _ = writeln!(
                 out,
-                "{}: {} is stopped: no replica can be leading since {at}; its pods keep serving webhooks",
+                "{}: {} is stopped: no replica can be leading since {at}; it has a Ready pod serving its webhooks",
                 c.label,
                 ch.what()
             );
         }
     }
-    if !opts.wait_timeout.is_zero() {
-        wait_pods_gone(&scaled, opts, out).await?;
+    for t in taken {
+        if !t.opts.wait_timeout.is_zero() {
+            wait_pods_gone(
+                &[(t.cluster.clone(), t.scaled.clone())],
+                &t.opts,
+                out,
+            )
+            .await?;
+        }
     }
-    for (c, _) in &scaled {
-        record(c, &opts.name, |s| {
+    for t in taken {
+        let c = &t.cluster;
+        record(c, &t.opts.name, |s| {
             s.phase = Some("Open".into());
-            if !opts.wait_timeout.is_zero() {
+            if !t.opts.wait_timeout.is_zero() {
                 s.pods_gone_at.get_or_insert_with(now);
             }
             s.last_step = Some("stopped".into());
         })
         .await?;
-        let _ = writeln!(out, "{}: MoveWindow {} is open", c.label, opts.name);
+        let _ = writeln!(out, "{}: MoveWindow {} is open", c.label, t.opts.name);
     }
-    let _ = writeln!(
-        out,
-        "every selected controller proven stopped in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
+    if let Some(started) = taken.iter().map(|t| t.started).min() {
+        let _ = writeln!(
+            out,
+            "every selected controller proven stopped in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+    }
     Ok(())
 }
