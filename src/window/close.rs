@@ -17,6 +17,7 @@ use super::common::{
 };
 use super::lease;
 use super::plan;
+use super::standby;
 use crate::resources::move_window::{
     HeldLease, MoveWindow, MoveWindowStatus, PinnedDeployment, Strategy, WindowState,
 };
@@ -363,6 +364,28 @@ async fn release_leases(
         .iter()
         .filter(|p| p.strategy() == Strategy::Lease && p.restored_at.is_none())
         .collect();
+    // The standbys `open` added go before any Lease is free, all at once: the pod that stays
+    // then leads, instead of one that the scale-down might stop while it leads.
+    let mut back = Vec::new();
+    for p in &entries {
+        if let Some(count) = scale_back_standby(c, p, opts, out).await? {
+            back.push((*p, count));
+        }
+    }
+    for (p, count) in back {
+        standby::wait_settled(c, &p.namespace, &p.name, count, opts.lead_timeout, opts.poll).await?;
+        record(c, &opts.name, |s| {
+            if let Some(e) = s
+                .pinned
+                .iter_mut()
+                .find(|e| e.namespace == p.namespace && e.name == p.name && e.restored_at.is_none())
+            {
+                e.standby = false;
+            }
+            s.last_step = Some(format!("standby of {}/{} removed", p.namespace, p.name));
+        })
+        .await?;
+    }
     // (entry, the Leases released or found free, replicas now)
     let mut waiting = Vec::new();
     for p in &entries {
@@ -375,9 +398,6 @@ async fn release_leases(
                 names.insert(l.name);
             }
         }
-        // A standby that `open` added goes before any Lease is free: the pod that stays then
-        // leads, instead of one the scale-down might stop while it leads.
-        scale_back_standby(c, p, opts, out).await?;
         let mut taken_back = Vec::new();
         for l in &names {
             let released = lease::release(c, ns, l, &opts.name).await?;
@@ -524,49 +544,41 @@ fn who(holder: &str) -> &str {
     }
 }
 
-/// Scale a Deployment back to its recorded count where `open` added a standby, and wait until
-/// it runs that many Ready pods (so the one that stays serves the webhooks and can lead).
+/// Scale a Deployment back to its recorded count where `open` added a standby, once it has
+/// that many Ready pods (the ReplicaSet controller then removes an unready pod first, so the
+/// one that stays is Ready); the count to wait for, or `None` where nothing was scaled.
 async fn scale_back_standby(
     c: &Cluster,
     p: &PinnedDeployment,
     opts: &CloseOptions,
     out: &mut dyn Write,
-) -> Result<()> {
+) -> Result<Option<i32>> {
     if !p.standby {
-        return Ok(());
+        return Ok(None);
     }
     let (ns, name) = (p.namespace.as_str(), p.name.as_str());
-    let api: Api<Deployment> = Api::namespaced(c.client.clone(), ns);
-    let Some(d) = api
+    let Some(d) = Api::<Deployment>::namespaced(c.client.clone(), ns)
         .get_opt(name)
         .await
         .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?
     else {
-        return Ok(());
+        return Ok(None);
     };
     let now = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     match plan::standby_back(p, now) {
         Some(count) => {
-            // Both Ready first: the scale-down then takes one that is not needed (the
-            // ReplicaSet controller removes an unready pod first).
-            super::standby::wait_ready(c, ns, name, now, opts.lead_timeout, opts.poll).await?;
-            api.patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": count}})),
-            )
-            .await
-            .map_err(api_err(c, format!("scaling Deployment {ns}/{name} back to {count}")))?;
-            super::standby::wait_settled(c, ns, name, count, opts.lead_timeout, opts.poll).await?;
+            standby::wait_ready(c, ns, name, count, opts.lead_timeout, opts.poll).await?;
+            standby::scale(c, ns, name, count).await?;
             let _ = writeln!(
                 out,
-                "{}: {ns}/{name} back to {count} replica{} (the standby is gone)",
+                "{}: {ns}/{name} back to {count} replica{} (the standby goes)",
                 c.label,
                 if count == 1 { "" } else { "s" }
             );
+            Ok(Some(count))
         }
         // Scaled back already (a run that died before it recorded so).
-        None if now == p.saved_replicas => {}
+        None if now == p.saved_replicas => Ok(Some(now)),
         None => {
             let _ = writeln!(
                 out,
@@ -574,20 +586,9 @@ async fn scale_back_standby(
                 c.label,
                 p.saved_replicas + 1
             );
+            Ok(Some(now))
         }
     }
-    record(c, &opts.name, |s| {
-        if let Some(e) = s
-            .pinned
-            .iter_mut()
-            .find(|e| e.namespace == ns && e.name == name && e.restored_at.is_none())
-        {
-            e.standby = false;
-        }
-        s.last_step = Some(format!("standby of {ns}/{name} removed"));
-    })
-    .await?;
-    Ok(())
 }
 
 /// Close a window on every cluster in the order given (the caller puts the target first).

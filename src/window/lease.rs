@@ -241,16 +241,15 @@ pub async fn held_by(c: &Cluster, ns: &str, name: &str) -> Result<(Option<String
         .unwrap_or_default())
 }
 
-/// Wait until `until`, saying once a while what is left.
+/// Wait until `until`, saying every 10 s what is left (the caller said how long first).
 pub async fn sleep_until(until: Timestamp, what: &str, out: &mut dyn Write) {
-    let mut said = None;
+    let mut said = Some(until.duration_since(Timestamp::now()).as_secs() + 1);
     loop {
         let left = until.duration_since(Timestamp::now());
         if left.is_negative() || left.is_zero() {
             return;
         }
         let secs = left.as_secs() + 1;
-        // Every 10 s, and the first time.
         if said.is_none_or(|s: i64| s - secs >= 10) {
             let _ = writeln!(out, "waiting {secs}s more until {what}");
             said = Some(secs);

@@ -220,8 +220,8 @@ pub async fn dry_run(
         out,
         "handoff move --dry-run: what handoff would do around clusterctl move (nothing is written)"
     );
-    let _ = writeln!(out, "1. stop the target's controllers:");
-    plan_open(std::slice::from_ref(target), &opts.open, out).await?;
+    let _ = writeln!(out, "1. stop the target's controllers (proven while clusterctl starts and waits):");
+    let target_wait = plan_open(std::slice::from_ref(target), &opts.open, out).await?;
     let clusters = clusters_in(source, ns).await?;
     match move_plan::add_block_move(&clusters, &opts.window) {
         Ok(add) => {
@@ -251,7 +251,12 @@ pub async fn dry_run(
         out,
         "3. once clusterctl has paused them and the providers lifted their block-move, stop the source's controllers:"
     );
-    plan_open(std::slice::from_ref(source), &opts.open, out).await?;
+    let source_wait = plan_open(std::slice::from_ref(source), &opts.open, out).await?;
+    let _ = writeln!(
+        out,
+        "   then lift handoff's {BLOCK_MOVE} once both clusters are proven stopped: about {}s after the source's stop (the longest former lease duration, target {target_wait}s, source {source_wait}s), plus up to a step of clusterctl's block-move backoff (5 s × 1.5ⁿ) before it notices",
+        target_wait.max(source_wait)
+    );
     let _ = writeln!(
         out,
         "4. after clusterctl succeeds: restore the target's controllers, then the source's"

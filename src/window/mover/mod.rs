@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::close::{CloseOptions, close};
 use super::common::{Cluster, Result, WindowError, now, read_window, record};
 use super::move_plan::{self, BLOCK_MOVE, ClusterSeen, ClusterctlFlags, PAUSED_ANNOTATION, Start};
-use super::open::{OpenOptions, Taken, check, open, prove, take};
+use super::open::{OpenOptions, Taken, check, open, prove, ready_standbys, take};
 use crate::resources::move_window::{MoveRecord, WindowState};
 use child::Signals;
 use cluster_api::{CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in, scan};
@@ -300,6 +300,9 @@ pub async fn run(
                     proven_at.as_deref().unwrap_or("once taken")
                 ),
             );
+            // The source's standbys now, while its controllers run: its stop, once clusterctl
+            // has paused it, then only takes the Leases.
+            ready_standbys(source, &source_opts, out).await?;
             target_taken
         }
     };

@@ -10,7 +10,7 @@ use super::super::common::{
 };
 use super::super::lease;
 use super::super::plan::{self, LeaseSeen, PinPlan, StopChoice};
-use super::super::preflight::{Finding, preflight};
+use super::super::preflight::{self, Finding, preflight};
 use super::OpenOptions;
 use crate::resources::move_window::{MoveWindowSpec, PinnedDeployment, StopPolicy};
 use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
@@ -107,12 +107,14 @@ pub async fn choose(
 }
 
 /// What `open` would do on each cluster, read without writing anything: the preflight, the
-/// window it would create or re-open, and how it would stop each Deployment.
+/// window it would create or re-open, and how it would stop each Deployment. Returns how long
+/// the proof would wait: the longest former lease duration of the Leases it would take.
 pub async fn plan_open(
     clusters: &[Cluster],
     opts: &OpenOptions,
     out: &mut dyn Write,
-) -> Result<()> {
+) -> Result<i32> {
+    let mut longest = 0;
     for c in clusters {
         let (selector, policy, choices) = choose(c, opts).await?;
         let findings = preflight(c, &selector, &opts.own).await?;
@@ -126,18 +128,31 @@ pub async fn plan_open(
             "{}: {window}, selecting {selector}, stopping by {policy:?}",
             c.label
         );
-        for f in &findings {
-            let verdict = match (leased(&choices, f), opts.allow_webhook_outage) {
-                (true, _) => "stopped by Lease: its webhooks keep serving",
-                (false, true) => "allowed by --allow-webhook-outage",
-                (false, false) => "open would refuse without --allow-webhook-outage",
-            };
-            let _ = writeln!(out, "{}: preflight: {f} ({verdict})", c.label);
+        let (served, down): (Vec<Finding>, Vec<Finding>) =
+            findings.into_iter().partition(|f| leased(&choices, f));
+        for line in preflight::by_deployment(&served) {
+            let _ = writeln!(out, "preflight: {line} (stopped by Lease: its webhooks keep serving)");
+        }
+        let verdict = match opts.allow_webhook_outage {
+            true => "allowed by --allow-webhook-outage",
+            false => "open would refuse without --allow-webhook-outage",
+        };
+        for line in preflight::by_deployment(&down) {
+            let _ = writeln!(out, "preflight: {line} ({verdict})");
         }
         if choices.is_empty() {
             let _ = writeln!(out, "{}: no Deployment matches {selector}", c.label);
         }
         for ch in &choices {
+            if let Stop::Lease(leases) = &ch.plan {
+                for l in leases.iter().filter(|l| l.window().is_none()) {
+                    longest = longest.max(l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS));
+                }
+            }
+            let standby = match (&ch.plan, opts.standby && plan::needs_standby(ch.replicas, None)) {
+                (Stop::Lease(_), true) => "add a standby replica (1 → 2, back to 1 on close), then ",
+                _ => "",
+            };
             let what = match &ch.plan {
                 Stop::Lease(leases) => leases
                     .iter()
@@ -159,7 +174,8 @@ pub async fn plan_open(
                         ),
                     })
                     .collect::<Vec<_>>()
-                    .join("; "),
+                    .join("; ")
+                    .replacen("Lease: would hold", &format!("Lease: would {standby}hold"), 1),
                 Stop::Scale(PinPlan::AlreadyPinned(s)) => {
                     format!("Scale: already pinned (restores to {s})")
                 }
@@ -175,7 +191,7 @@ pub async fn plan_open(
         }
     }
     let _ = writeln!(out, "dry run: nothing was written");
-    Ok(())
+    Ok(longest)
 }
 
 /// What `open` will act by on this cluster, read without writing anything: the selector and

@@ -65,32 +65,10 @@ async fn ensure_open(
     // `checked` refused an existing window whose selector or stop policy the flags contradict.
     // A window is created (or re-opened) Closed, its Lease-stopped Deployments recorded, and
     // only then set Open: a pin that sees it open always sees which ones not to scale.
-    let (spec, was_open) = match read_window(c, &opts.name).await? {
-        None => {
-            let spec = MoveWindowSpec {
-                state: WindowState::Closed,
-                deployment_selector: opts.selector.clone(),
-                reason: opts.reason.clone(),
-                role: c.role,
-                stop: opts.stop,
-            };
-            Api::<MoveWindow>::all(c.client.clone())
-                .create(
-                    &PostParams::default(),
-                    &MoveWindow::new(&opts.name, spec.clone()),
-                )
-                .await
-                .map_err(api_err(c, format!("creating MoveWindow {}", opts.name)))?;
-            (spec, false)
-        }
-        Some(w) => {
-            let open = w.spec.is_open();
-            if open {
-                let _ = writeln!(out, "{}: MoveWindow {} is already open", c.label, opts.name);
-            }
-            (w.spec, open)
-        }
-    };
+    let (spec, was_open) = window_at_least_closed(c, opts).await?;
+    if was_open {
+        let _ = writeln!(out, "{}: MoveWindow {} is already open", c.label, opts.name);
+    }
     // Recorded before the pin's policies are bound: their condition reads the strategies.
     let status = record(c, &opts.name, |s| {
         if s.phase.as_deref() != Some("Open") {
@@ -139,6 +117,63 @@ async fn ensure_open(
         );
     }
     Ok((bound, status))
+}
+
+/// The window's spec, created Closed where there is none yet; and whether it is open.
+async fn window_at_least_closed(c: &Cluster, opts: &OpenOptions) -> Result<(MoveWindowSpec, bool)> {
+    Ok(match read_window(c, &opts.name).await? {
+        None => {
+            let spec = MoveWindowSpec {
+                state: WindowState::Closed,
+                deployment_selector: opts.selector.clone(),
+                reason: opts.reason.clone(),
+                role: c.role,
+                stop: opts.stop,
+            };
+            Api::<MoveWindow>::all(c.client.clone())
+                .create(
+                    &PostParams::default(),
+                    &MoveWindow::new(&opts.name, spec.clone()),
+                )
+                .await
+                .map_err(api_err(c, format!("creating MoveWindow {}", opts.name)))?;
+            (spec, false)
+        }
+        Some(w) => {
+            let open = w.spec.is_open();
+            (w.spec, open)
+        }
+    })
+}
+
+/// Before a window opens: a standby for each single-replica Deployment it will stop by Lease,
+/// recorded in the window (created Closed where there is none: it pins nothing and stops
+/// nothing). `handoff move` adds the source's before clusterctl starts, so that they are Ready
+/// by the time clusterctl has paused the source; `take` finds them recorded, adds none, and
+/// waits until they are Ready before it takes a Lease.
+pub async fn ready_standbys(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write) -> Result<()> {
+    if !opts.standby {
+        return Ok(());
+    }
+    let mut chosen = checked(std::slice::from_ref(c), opts, out).await?;
+    let ((_, _, choices), _) = chosen.remove(0);
+    let leased: Vec<&Choice> = choices
+        .iter()
+        .filter(|ch| matches!(ch.plan, Stop::Lease(_)))
+        .collect();
+    if !leased.iter().any(|ch| plan::needs_standby(ch.replicas, None)) {
+        return Ok(());
+    }
+    window_at_least_closed(c, opts).await?;
+    let records: Vec<PinnedDeployment> = choices.iter().filter_map(leased_record).collect();
+    let status = record(c, &opts.name, |s| {
+        for p in &records {
+            merge_leased(s, p.clone());
+        }
+        s.last_step = Some("standbys".into());
+    })
+    .await?;
+    add_standbys(c, opts, &leased, &status, false, out).await
 }
 
 /// Record a Lease-stopped Deployment, keeping what an earlier run recorded of its Leases (the
@@ -373,7 +408,7 @@ pub async fn take(
             .filter(|ch| matches!(ch.plan, Stop::Lease(_)))
             .collect();
         if opts.standby {
-            add_standbys(c, opts, &leased, status, out).await?;
+            add_standbys(c, opts, &leased, status, true, out).await?;
         }
         let mut held = Vec::new();
         for ch in leased {
@@ -395,21 +430,27 @@ pub async fn take(
 }
 
 /// Add a standby replica to each single-replica Lease-stopped Deployment (recorded before it
-/// is written), and wait until every one is Ready: only then is a Lease taken, so that its
-/// webhooks keep a pod while the former leader exits.
+/// is written), and, with `wait`, wait until every standby (added now or by an earlier run) is
+/// Ready: only then is a Lease taken, so that its webhooks keep a pod while the former leader
+/// exits.
 async fn add_standbys(
     c: &Cluster,
     opts: &OpenOptions,
     leased: &[&Choice],
     status: &MoveWindowStatus,
+    wait: bool,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let mut added = Vec::new();
+    let mut standbys = Vec::new();
     for ch in leased {
         let rec = status
             .pinned
             .iter()
             .find(|p| p.namespace == ch.namespace && p.name == ch.name);
+        if let Some(p) = rec.filter(|p| p.standby && p.restored_at.is_none()) {
+            standbys.push((*ch, p.saved_replicas + 1));
+            continue;
+        }
         if !plan::needs_standby(ch.replicas, rec) {
             continue;
         }
@@ -426,26 +467,29 @@ async fn add_standbys(
         })
         .await?;
         standby::scale(c, &ch.namespace, &ch.name, ch.replicas + 1).await?;
-        added.push(*ch);
+        let _ = writeln!(
+            out,
+            "{}: {}: a standby replica ({} → {}), so that its webhooks keep a Ready pod when its only pod exits on losing its Lease",
+            c.label,
+            ch.what(),
+            ch.replicas,
+            ch.replicas + 1
+        );
+        standbys.push((*ch, ch.replicas + 1));
     }
-    for ch in &added {
+    if !wait {
+        return Ok(());
+    }
+    for (ch, want) in &standbys {
         standby::wait_ready(
             c,
             &ch.namespace,
             &ch.name,
-            ch.replicas + 1,
+            *want,
             SERVING_TIMEOUT,
             opts.poll.min(FAST_POLL),
         )
         .await?;
-    }
-    if !added.is_empty() {
-        let _ = writeln!(
-            out,
-            "{}: a standby replica is Ready for {} (its only pod exits when its Lease is taken; the standby serves its webhooks meanwhile)",
-            c.label,
-            added.iter().map(|ch| ch.what()).collect::<Vec<_>>().join(", ")
-        );
     }
     Ok(())
 }
@@ -464,19 +508,19 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
         .flat_map(|t| t.leased.iter().map(move |(ch, _, at)| (t, ch, at)))
         .collect();
     if let Some(until) = proofs.iter().map(|(_, _, t)| **t).max() {
-        let names: Vec<String> = proofs
-            .iter()
-            .map(|(t, ch, _)| format!("{}: {}", t.cluster.label, ch.what()))
-            .collect();
-        lease::sleep_until(
-            until,
-            &format!(
-                "the former leaders can no longer be leading ({})",
-                names.join(", ")
-            ),
-            out,
-        )
-        .await;
+        // The longest bound, named: the others end with it or before.
+        if let Some((t, ch, _)) = proofs.iter().max_by_key(|(_, _, at)| **at) {
+            let left = until.duration_since(Timestamp::now()).as_secs_f64().max(0.0);
+            let _ = writeln!(
+                out,
+                "waiting {left:.0}s, until {until}, for the former leaders of {} Deployment{} to be unable to lead (the last: {}: {})",
+                proofs.len(),
+                if proofs.len() == 1 { "" } else { "s" },
+                t.cluster.label,
+                ch.what()
+            );
+        }
+        lease::sleep_until(until, "the former leaders can no longer be leading", out).await;
     }
     for t in taken {
         let c = &t.cluster;
