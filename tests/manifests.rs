@@ -771,11 +771,14 @@ fn check_in_cluster(r: &Rendered) {
     );
     assert_eq!(
         rules_of(role("handoff-window-operator-leases")),
-        [(
-            strings(&["coordination.k8s.io"]),
-            strings(&["leases"]),
-            strings(&["get", "list", "patch"])
-        )]
+        [
+            (
+                strings(&["coordination.k8s.io"]),
+                strings(&["leases"]),
+                strings(&["get", "list", "patch"])
+            ),
+            (strings(&[""]), strings(&["pods"]), strings(&["delete"]))
+        ]
     );
     assert_eq!(
         r.cluster_role_bindings.len(),

@@ -168,6 +168,16 @@ fn nothing_left(m: &Mgmt, ns: &str) {
     for w in m.get(&["movewindows"])["items"].as_array().unwrap() {
         assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", m.label);
     }
+    // Every standby gone: each provider at its own count.
+    for p in &m.providers {
+        assert_eq!(
+            m.replicas(p.namespace(), p.name()),
+            i64::from(p.spec.replicas),
+            "{}: {}",
+            m.label,
+            p.name()
+        );
+    }
     if m.exists(&["-n", ns, "clusters.cluster.x-k8s.io", "workload"]) {
         let c = m.get(&["-n", ns, "clusters.cluster.x-k8s.io", "workload"]);
         let block = c["metadata"]["annotations"][BLOCK_MOVE]
@@ -177,7 +187,8 @@ fn nothing_left(m: &Mgmt, ns: &str) {
     }
 }
 
-/// While stopped: every Lease-stopped provider's Lease is held by the window, the Scale one at 0.
+/// While stopped: every Lease-stopped provider's Lease is held by the window (a
+/// single-replica one with a standby beside its pod), the Scale one at 0.
 fn stopped(m: &Mgmt, window: &str) {
     for p in m
         .providers
@@ -190,10 +201,11 @@ fn stopped(m: &Mgmt, window: &str) {
             "{}: {lease}",
             m.label
         );
-        assert_eq!(
-            m.replicas(p.namespace(), p.name()),
-            i64::from(p.spec.replicas)
-        );
+        let with_standby = match p.spec.replicas {
+            1 => 2,
+            n => i64::from(n),
+        };
+        assert_eq!(m.replicas(p.namespace(), p.name()), with_standby, "{}", p.name());
     }
     for p in m
         .providers

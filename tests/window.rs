@@ -329,6 +329,8 @@ fn open_opts() -> OpenOptions {
         poll: Duration::from_millis(20),
         own: own(),
         stop: None,
+        standby: true,
+        quiet_preflight: false,
     }
 }
 

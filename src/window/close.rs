@@ -373,7 +373,12 @@ async fn release_leases(
         }
     }
     for (p, count) in back {
-        standby::wait_settled(c, &p.namespace, &p.name, count, opts.lead_timeout, opts.poll).await?;
+        if let standby::Proof::Unreported(why) =
+            standby::wait_settled(c, &p.namespace, &p.name, count, opts.lead_timeout, opts.poll)
+                .await?
+        {
+            let _ = writeln!(out, "warning: {why}; releasing its Lease without knowing that the pod that stays is Ready");
+        }
         record(c, &opts.name, |s| {
             if let Some(e) = s
                 .pinned
@@ -567,7 +572,8 @@ async fn scale_back_standby(
     let now = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     match plan::standby_back(p, now) {
         Some(count) => {
-            standby::wait_ready(c, ns, name, count, opts.lead_timeout, opts.poll).await?;
+            // Unreported: said once the scale-down settles (or does not).
+            let _ = standby::wait_ready(c, ns, name, count, opts.lead_timeout, opts.poll).await?;
             standby::scale(c, ns, name, count).await?;
             let _ = writeln!(
                 out,

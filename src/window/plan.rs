@@ -401,6 +401,27 @@ pub fn standby_back(p: &PinnedDeployment, replicas_now: i32) -> Option<i32> {
     (p.standby && replicas_now == p.saved_replicas.saturating_add(1)).then_some(p.saved_replicas)
 }
 
+/// The pods of `deployment` to delete once its Leases are taken: the former leaders, named by
+/// the holders they wrote, while another pod is Ready to serve the webhooks (`ready`, the
+/// Deployment's Ready pods, counts the leader too). A deleted pod gets SIGTERM and drains its
+/// webhook server (controller-runtime stops webhooks last, `pkg/manager/internal.go`), where a
+/// leader left alone exits on "leader election lost" with its graceful shutdown skipped,
+/// failing the requests it is serving, and restarts in CrashLoopBackOff.
+pub fn leaders_to_delete(former_holders: &[String], deployment: &str, ready: i32) -> Vec<String> {
+    if ready < 2 {
+        return vec![];
+    }
+    let mut pods: Vec<String> = former_holders
+        .iter()
+        .filter_map(|h| pod_of_identity(h))
+        .filter(|p| pod_of_deployment(p, deployment))
+        .map(str::to_string)
+        .collect();
+    pods.sort();
+    pods.dedup();
+    pods
+}
+
 /// When a former leader is proven stopped. client-go's `renew` (`leaderelection.go`) retries
 /// each round for `RenewDeadline`, a round starting `RetryPeriod` after the last success, so a
 /// leader that cannot renew stops leading within `RetryPeriod + RenewDeadline` of its last
@@ -728,6 +749,22 @@ mod tests {
         assert_eq!(standby_back(&rec(true, false), 3), None, "scaled by someone since");
         assert_eq!(standby_back(&rec(true, false), 1), None, "not added (a run died before)");
         assert_eq!(standby_back(&rec(false, false), 2), None);
+    }
+
+    #[test]
+    fn the_former_leader_goes_only_while_another_pod_serves() {
+        let holders = [
+            "capi-controller-manager-7d9f8b6c4-x2k4j_u1".to_string(),
+            "capi-controller-manager-7d9f8b6c4-x2k4j_u2".to_string(),
+            "capi-controller-manager-extra-7d9f8b6c4-abcde_u3".to_string(),
+            String::new(),
+        ];
+        assert_eq!(
+            leaders_to_delete(&holders, CAPI, 2),
+            ["capi-controller-manager-7d9f8b6c4-x2k4j"]
+        );
+        assert!(leaders_to_delete(&holders, CAPI, 1).is_empty(), "its only Ready pod stays");
+        assert!(leaders_to_delete(&[String::new()], CAPI, 3).is_empty(), "nobody led");
     }
 
     #[test]

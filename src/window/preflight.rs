@@ -200,3 +200,37 @@ pub async fn preflight(
     }
     Ok(findings)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(cluster: &str, deployment: &str, service: &str, hook: &str) -> Finding {
+        Finding {
+            cluster: cluster.into(),
+            deployment: deployment.into(),
+            service: service.into(),
+            hook: hook.into(),
+        }
+    }
+
+    #[test]
+    fn one_line_per_deployment_with_what_it_backs() {
+        let findings = [
+            f("target", "capi-system/capi-controller-manager", "capi-system/capi-webhook-service", "ValidatingWebhookConfiguration v webhook a (failurePolicy Fail)"),
+            f("target", "capd-system/capd-controller-manager", "capd-system/capd-webhook-service", "CustomResourceDefinition x conversion webhook (conversion always fails closed)"),
+            f("target", "capi-system/capi-controller-manager", "capi-system/capi-webhook-service", "MutatingWebhookConfiguration m webhook b (failurePolicy Fail)"),
+            f("target", "capi-system/capi-controller-manager", "capi-system/capi-webhook-service", "CustomResourceDefinition y conversion webhook (conversion always fails closed)"),
+            f("source", "capi-system/capi-controller-manager", "capi-system/capi-webhook-service", "ValidatingWebhookConfiguration v webhook a (failurePolicy Fail)"),
+        ];
+        assert_eq!(
+            by_deployment(&findings),
+            [
+                "target: Deployment capi-system/capi-controller-manager backs Service capi-system/capi-webhook-service (2 fail-closed webhooks, 1 CRD conversion)",
+                "target: Deployment capd-system/capd-controller-manager backs Service capd-system/capd-webhook-service (1 CRD conversion)",
+                "source: Deployment capi-system/capi-controller-manager backs Service capi-system/capi-webhook-service (1 fail-closed webhook)",
+            ]
+        );
+        assert!(by_deployment(&[]).is_empty());
+    }
+}

@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -27,24 +28,70 @@ pub async fn scale(c: &Cluster, ns: &str, name: &str, count: i32) -> Result<()> 
     Ok(())
 }
 
-/// `(spec.replicas, status.replicas, status.readyReplicas, observed)`: `observed` when the
-/// Deployment controller has seen the latest spec.
-async fn counts(c: &Cluster, ns: &str, name: &str) -> Result<Option<(i32, i32, i32, bool)>> {
+/// What a Deployment's status says: `Unreported` where no Deployment controller has ever
+/// written one (an API server without a controller manager: nothing can be proven from it, and
+/// waiting would never end).
+enum Counts {
+    Gone,
+    Unreported,
+    /// `status.replicas`, `status.readyReplicas`, and whether the controller has seen the
+    /// latest spec.
+    Seen { replicas: i32, ready: i32, observed: bool },
+}
+
+async fn counts(c: &Cluster, ns: &str, name: &str) -> Result<Counts> {
     let d = Api::<Deployment>::namespaced(c.client.clone(), ns)
         .get_opt(name)
         .await
         .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?;
-    Ok(d.map(|d| {
-        let spec = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-        let st = d.status.as_ref();
-        let observed = st.and_then(|s| s.observed_generation) >= d.metadata.generation;
-        (
-            spec,
-            st.and_then(|s| s.replicas).unwrap_or(0),
-            st.and_then(|s| s.ready_replicas).unwrap_or(0),
-            observed,
-        )
-    }))
+    let Some(d) = d else {
+        return Ok(Counts::Gone);
+    };
+    let Some(st) = d.status.as_ref().filter(|s| s.observed_generation.is_some()) else {
+        return Ok(Counts::Unreported);
+    };
+    Ok(Counts::Seen {
+        replicas: st.replicas.unwrap_or(0),
+        ready: st.ready_replicas.unwrap_or(0),
+        observed: st.observed_generation >= d.metadata.generation,
+    })
+}
+
+/// The Deployment's Ready pods, where its status says (`None`: gone or unreported).
+pub async fn ready_pods(c: &Cluster, ns: &str, name: &str) -> Result<Option<i32>> {
+    Ok(match counts(c, ns, name).await? {
+        Counts::Seen { ready, .. } => Some(ready),
+        _ => None,
+    })
+}
+
+/// Delete a pod (gracefully: its own termination grace period); `false` where it is gone or
+/// terminating already.
+pub async fn delete_pod(c: &Cluster, ns: &str, pod: &str) -> Result<bool> {
+    let api = Api::<Pod>::namespaced(c.client.clone(), ns);
+    let Some(p) = api
+        .get_opt(pod)
+        .await
+        .map_err(api_err(c, format!("reading Pod {ns}/{pod}")))?
+    else {
+        return Ok(false);
+    };
+    if p.metadata.deletion_timestamp.is_some() {
+        return Ok(false);
+    }
+    match api.delete(pod, &DeleteParams::default()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(api_err(c, format!("deleting Pod {ns}/{pod}"))(e)),
+    }
+}
+
+/// Whether a wait proved what it waited for, or the cluster reports nothing to prove it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proof {
+    Proven,
+    /// Why it could not be told.
+    Unreported(String),
 }
 
 async fn until(
@@ -52,12 +99,12 @@ async fn until(
     timeout: Duration,
     poll: Duration,
     what: String,
-    mut done: impl AsyncFnMut() -> Result<bool>,
-) -> Result<()> {
+    mut done: impl AsyncFnMut() -> Result<Option<Proof>>,
+) -> Result<Proof> {
     let start = Instant::now();
     loop {
-        if done().await? {
-            return Ok(());
+        if let Some(p) = done().await? {
+            return Ok(p);
         }
         if start.elapsed() >= timeout {
             return Err(WindowError::Timeout {
@@ -70,6 +117,13 @@ async fn until(
     }
 }
 
+fn unreported(c: &Cluster, ns: &str, name: &str) -> Proof {
+    Proof::Unreported(format!(
+        "{}: Deployment {ns}/{name} has no status (is a Deployment controller running?), so its Ready pods cannot be told",
+        c.label
+    ))
+}
+
 /// Wait until `ns/name` has at least `want` Ready pods.
 pub async fn wait_ready(
     c: &Cluster,
@@ -78,7 +132,7 @@ pub async fn wait_ready(
     want: i32,
     timeout: Duration,
     poll: Duration,
-) -> Result<()> {
+) -> Result<Proof> {
     until(
         c,
         timeout,
@@ -87,7 +141,15 @@ pub async fn wait_ready(
             "waiting for {want} Ready pod{} of Deployment {ns}/{name} (kubectl -n {ns} get pods, and their events, tell why not)",
             if want == 1 { "" } else { "s" }
         ),
-        async || Ok(counts(c, ns, name).await?.is_none_or(|(_, _, ready, observed)| observed && ready >= want)),
+        async || {
+            Ok(match counts(c, ns, name).await? {
+                Counts::Gone => Some(Proof::Proven),
+                Counts::Unreported => Some(unreported(c, ns, name)),
+                Counts::Seen { ready, observed, .. } => {
+                    (observed && ready >= want).then_some(Proof::Proven)
+                }
+            })
+        },
     )
     .await
 }
@@ -100,31 +162,38 @@ pub async fn wait_settled(
     count: i32,
     timeout: Duration,
     poll: Duration,
-) -> Result<()> {
+) -> Result<Proof> {
     until(
         c,
         timeout,
         poll,
         format!("waiting for Deployment {ns}/{name} to run {count} Ready pods"),
         async || {
-            Ok(counts(c, ns, name)
-                .await?
-                .is_none_or(|(_, replicas, ready, observed)| {
-                    observed && replicas == count && ready >= count
-                }))
+            Ok(match counts(c, ns, name).await? {
+                Counts::Gone => Some(Proof::Proven),
+                Counts::Unreported => Some(unreported(c, ns, name)),
+                Counts::Seen {
+                    replicas,
+                    ready,
+                    observed,
+                } => (observed && replicas == count && ready >= count).then_some(Proof::Proven),
+            })
         },
     )
     .await
 }
 
 /// Whether Service `ns/svc` has a ready endpoint (an EndpointSlice of its, as kube-proxy and
-/// the API server's service resolution read them).
-async fn has_ready_endpoint(c: &Cluster, ns: &str, svc: &str) -> Result<bool> {
+/// the API server's service resolution read them); `None` where it has no EndpointSlice at all.
+async fn has_ready_endpoint(c: &Cluster, ns: &str, svc: &str) -> Result<Option<bool>> {
     let slices = Api::<EndpointSlice>::namespaced(c.client.clone(), ns)
         .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={svc}")))
         .await
         .map_err(api_err(c, format!("listing EndpointSlices of Service {ns}/{svc}")))?;
-    Ok(slices.items.iter().any(|s| {
+    if slices.items.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(slices.items.iter().any(|s| {
         s.endpoints.iter().any(|e| {
             e.conditions
                 .as_ref()
@@ -132,31 +201,48 @@ async fn has_ready_endpoint(c: &Cluster, ns: &str, svc: &str) -> Result<bool> {
                 // discovery.k8s.io/v1: an unknown state is ready.
                 .unwrap_or(true)
         })
-    }))
+    })))
 }
 
 /// Wait until each Lease-stopped Deployment has a Ready pod and each webhook Service it backs
 /// (`namespace/name`) a ready endpoint: the webhooks serve while its controllers are stopped.
+/// What the cluster cannot tell (no Deployment status, no EndpointSlice) is returned, to be
+/// said, not waited for.
 pub async fn wait_serving(
     c: &Cluster,
     deployments: &[(String, String)],
     services: &[String],
     timeout: Duration,
     poll: Duration,
-) -> Result<()> {
+) -> Result<Vec<String>> {
+    let mut untold = Vec::new();
     for (ns, name) in deployments {
-        wait_ready(c, ns, name, 1, timeout, poll).await?;
+        if let Proof::Unreported(why) = wait_ready(c, ns, name, 1, timeout, poll).await? {
+            untold.push(why);
+        }
     }
     for key in services {
         let (ns, svc) = key.split_once('/').unwrap_or(("", key));
-        until(
+        let proof = until(
             c,
             timeout,
             poll,
             format!("waiting for Service {key} to have a ready endpoint (its webhooks are not served)"),
-            async || has_ready_endpoint(c, ns, svc).await,
+            async || {
+                Ok(match has_ready_endpoint(c, ns, svc).await? {
+                    None => Some(Proof::Unreported(format!(
+                        "{}: Service {key} has no EndpointSlice (is the EndpointSlice controller running?), so its endpoints cannot be told",
+                        c.label
+                    ))),
+                    Some(true) => Some(Proof::Proven),
+                    Some(false) => None,
+                })
+            },
         )
         .await?;
+        if let Proof::Unreported(why) = proof {
+            untold.push(why);
+        }
     }
-    Ok(())
+    Ok(untold)
 }

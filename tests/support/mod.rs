@@ -1,4 +1,5 @@
 pub mod apiserver;
+pub mod capi;
 pub mod fault_proxy;
 pub mod https;
 pub mod kcp;

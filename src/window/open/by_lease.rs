@@ -8,6 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::super::common::{Cluster, Result, now, record};
 use super::super::lease;
 use super::super::plan;
+use super::super::standby;
 use super::OpenOptions;
 use super::choose::{Choice, Stop};
 use crate::resources::move_window::{HeldLease, PinnedDeployment, Strategy};
@@ -50,8 +51,12 @@ pub async fn take_leases(
         return Ok(vec![]);
     };
     let mut held = Vec::new();
+    let mut taken_from = Vec::new();
     for l in leases {
         let mut h = lease::take(c, &ch.namespace, &l.name, &opts.name, operator, out).await?;
+        if h.held_since.is_some() {
+            taken_from.push(h.former_holder.clone());
+        }
         let status = record(c, &opts.name, |s| {
             if let Some(p) = s
                 .pinned
@@ -93,6 +98,20 @@ pub async fn take_leases(
             h = e.clone();
         }
         held.push(h);
+    }
+    // The former leader, while it has not yet noticed (its renew deadline): deleted, it
+    // drains; left alone, it would exit mid-request.
+    if !taken_from.is_empty() {
+        let ready = standby::ready_pods(c, &ch.namespace, &ch.name).await?.unwrap_or(0);
+        for pod in plan::leaders_to_delete(&taken_from, &ch.name, ready) {
+            if standby::delete_pod(c, &ch.namespace, &pod).await? {
+                let _ = writeln!(
+                    out,
+                    "{}: deleted Pod {}/{pod}, the former leader, so that it drains its webhooks instead of exiting on \"leader election lost\" (its ReplicaSet replaces it)",
+                    c.label, ch.namespace
+                );
+            }
+        }
     }
     Ok(held)
 }

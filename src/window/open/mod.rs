@@ -481,7 +481,7 @@ async fn add_standbys(
         return Ok(());
     }
     for (ch, want) in &standbys {
-        standby::wait_ready(
+        if let standby::Proof::Unreported(why) = standby::wait_ready(
             c,
             &ch.namespace,
             &ch.name,
@@ -489,7 +489,10 @@ async fn add_standbys(
             SERVING_TIMEOUT,
             opts.poll.min(FAST_POLL),
         )
-        .await?;
+        .await?
+        {
+            let _ = writeln!(out, "warning: {why}; its Lease is taken without knowing that its standby is Ready");
+        }
     }
     Ok(())
 }
@@ -546,14 +549,17 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
             .iter()
             .map(|(ch, _, _)| (ch.namespace.clone(), ch.name.clone()))
             .collect();
-        standby::wait_serving(
+        for why in standby::wait_serving(
             c,
             &deployments,
             &t.services,
             SERVING_TIMEOUT,
             t.opts.poll.min(FAST_POLL),
         )
-        .await?;
+        .await?
+        {
+            let _ = writeln!(out, "warning: {why}");
+        }
         for (ch, _, at) in &t.leased {
             record(c, &t.opts.name, |s| {
                 if let Some(p) = s
@@ -568,7 +574,7 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
             .await?;
             let _ = writeln!(
                 out,
-                "{}: {} is stopped: no replica can be leading since {at}; it has a Ready pod serving its webhooks",
+                "{}: {} is stopped: no replica can be leading since {at}; its pods keep serving webhooks",
                 c.label,
                 ch.what()
             );

@@ -1,0 +1,392 @@
+//! `handoff move` against the real Cluster API (`../shared/capi`): the real clusterctl, and the
+//! real core, kubeadm bootstrap, kubeadm control-plane and CAPD (in-memory) managers from their
+//! shipped manifests, with their shipped leader-election settings (15 s; the control plane's
+//! 1 min) and `replicas: 1`, on two envtest management clusters in this test's own network
+//! namespace, with handoff registered on both by the project's `local` overlay.
+//!
+//! A workload cluster (KCP with one machine, a MachineDeployment with one) is moved there and
+//! back and there again by `handoff move` (three moves in a few minutes, so the managers' crash
+//! back-off grows as it would), and a second one by plain `clusterctl move` for comparison.
+//! Proven from the clusters themselves, not from handoff's output: every provider Lease of
+//! both clusters is held by the window from before clusterctl's first create in the target
+//! (the Cluster, created first) until after its last delete in the source (the Cluster,
+//! deleted last); no manager logs acquiring its Lease in between; every provider has a Ready
+//! pod at every moment of the move, and server-side dry-run creates through their fail-closed
+//! webhooks succeed throughout; no Deployment goes to 0 and each ends at its shipped count;
+//! each Lease is afterwards held by a pod of its own Deployment, the target's first; the moved
+//! Cluster is re-provisioned by the target's controllers; nothing of handoff is left.
+
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::apiserver::{eventually, skip, text};
+use support::capi::{
+    Event, Mgmt, PROVIDERS, Prober, Rig, WINDOW_HOLDER, Watch, holders, klog_time, probe_objects,
+    ready_pods, wall,
+};
+
+const HELD_BY: &str = "handoff.dev/held-by-window";
+const BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
+const SAVED: &str = "handoff.dev/replicas-before-move";
+
+/// What one cluster's watches saw.
+struct Seen {
+    leases: Watch,
+    pods: Watch,
+    deployments: Watch,
+    clusters: Watch,
+}
+
+impl Seen {
+    fn start(m: &Mgmt, ns: &str) -> Seen {
+        Seen {
+            leases: Watch::start(m, &["leases", "-A"]),
+            pods: Watch::start(m, &["pods", "-A"]),
+            deployments: Watch::start(m, &["deployments", "-A"]),
+            clusters: Watch::start(m, &["-n", ns, "clusters.cluster.x-k8s.io"]),
+        }
+    }
+}
+
+/// One `handoff move`'s figures, for the log and BENCHMARKS.md.
+struct Moved {
+    took: f64,
+    /// Seconds each cluster's provider Leases were held by the window: (target, source).
+    held: (f64, f64),
+    output_lines: usize,
+}
+
+fn handoff_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) -> (bool, String, f64) {
+    let t = Instant::now();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
+    cmd.arg("move")
+        .arg("--kubeconfig")
+        .arg(&from.kubeconfig)
+        .arg("--to-kubeconfig")
+        .arg(&to.kubeconfig)
+        .args(["--namespace", ns])
+        .arg("--clusterctl")
+        .arg(rig.clusterctl())
+        .env_remove("KUBECONFIG");
+    for (k, v) in rig.clusterctl_env() {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("handoff move");
+    let log = text(&out.stdout) + &text(&out.stderr);
+    (out.status.success(), log, t.elapsed().as_secs_f64())
+}
+
+/// The interval in which each provider Lease of `m` was held by the window, around `at`.
+fn window_hold(m: &Mgmt, seen: &Seen, at: f64) -> Vec<(String, f64, f64)> {
+    let h = holders(&seen.leases);
+    PROVIDERS
+        .iter()
+        .map(|(ns, _, lease)| {
+            let key = format!("{ns}/{lease}");
+            let mine: Vec<&(f64, String, String)> = h.iter().filter(|(_, k, _)| *k == key).collect();
+            // The last change to the window's holder at or before `at`, and the first change
+            // away from it after.
+            let from = mine
+                .iter()
+                .rev()
+                .find(|(t, _, holder)| *t <= at && holder.starts_with(WINDOW_HOLDER))
+                .map(|(t, _, _)| *t);
+            let taken_since = from.and_then(|from| {
+                mine.iter()
+                    .filter(|(t, _, _)| *t > from && *t <= at)
+                    .all(|(_, _, holder)| holder.starts_with(WINDOW_HOLDER))
+                    .then_some(from)
+            });
+            let until = mine
+                .iter()
+                .find(|(t, _, holder)| *t > at && !holder.starts_with(WINDOW_HOLDER))
+                .map(|(t, _, _)| *t)
+                .unwrap_or(f64::INFINITY);
+            let Some(from) = taken_since else {
+                panic!("{}: Lease {key} was not held by the window at {at}: {mine:?}", m.name);
+            };
+            (key, from, until)
+        })
+        .collect()
+}
+
+/// When `ns/name` got an event of `kind` in `[from, to]`.
+fn cluster_event(events: &[Event], kind: &str, from: f64, to: f64) -> Option<f64> {
+    events
+        .iter()
+        .find(|e| e.kind == kind && e.at >= from && e.at <= to)
+        .map(|e| e.at)
+}
+
+/// Every check of one move from `from` to `to`, from the clusters' own records.
+#[allow(clippy::too_many_arguments)]
+fn check_move(
+    from: (&Mgmt, &Seen),
+    to: (&Mgmt, &Seen),
+    ns: &str,
+    started: f64,
+    ended: f64,
+    log: &str,
+) -> Moved {
+    let (src, src_seen) = from;
+    let (dst, dst_seen) = to;
+    // The copy, as the clusters saw it: the Cluster is created first in the target and deleted
+    // last from the source (clusterctl's move sequence: owners first, deletes in reverse).
+    let first_create = cluster_event(&dst_seen.clusters.events(), "ADDED", started, ended)
+        .unwrap_or_else(|| panic!("no Cluster created in {} during the move:\n{log}", dst.name));
+    let last_delete = eventually("the source's Cluster deleted, as its watch saw it", Duration::from_secs(30), || {
+        cluster_event(&src_seen.clusters.events(), "DELETED", started, wall())
+    });
+    eprintln!(
+        "copy: first create in {} at +{:.1}s, last delete in {} at +{:.1}s",
+        dst.name,
+        first_create - started,
+        src.name,
+        last_delete - started
+    );
+    // Every provider Lease of both clusters held by the window across the whole copy.
+    let mut held = Vec::new();
+    for (m, seen) in [(dst, dst_seen), (src, src_seen)] {
+        let holds = window_hold(m, seen, first_create);
+        for (key, from, until) in &holds {
+            assert!(
+                *from < first_create && *until > last_delete,
+                "{}: Lease {key} held by the window from +{:.1}s to +{:.1}s, not across the copy (+{:.1}s .. +{:.1}s)",
+                m.name,
+                from - started,
+                until - started,
+                first_create - started,
+                last_delete - started
+            );
+        }
+        let first = holds.iter().map(|h| h.1).fold(f64::INFINITY, f64::min);
+        let last = holds.iter().map(|h| h.2).fold(0.0, f64::max);
+        held.push((first, last));
+        // No manager says it acquired its Lease during the copy.
+        for (pod, line) in m.manager_logs() {
+            if line.contains("successfully acquired lease")
+                && let Some(t) = klog_time(&line)
+            {
+                assert!(
+                    !(t >= first_create && t <= last_delete),
+                    "{}: {pod} acquired its Lease during the copy: {line}",
+                    m.name
+                );
+            }
+        }
+        // Every provider had a Ready pod at every moment of the move.
+        for (t, pns, n) in ready_pods(&seen.pods) {
+            if t >= started && t <= ended && PROVIDERS.iter().any(|(p, _, _)| *p == pns) {
+                assert!(n >= 1, "{}: {pns} had no Ready pod at +{:.1}s", m.name, t - started);
+            }
+        }
+        // No Deployment went to 0, none was left scaled.
+        for e in seen.deployments.events() {
+            let key = e.key();
+            if e.at >= started && PROVIDERS.iter().any(|(p, d, _)| key == format!("{p}/{d}")) {
+                let r = e.object["spec"]["replicas"].as_i64().unwrap_or(1);
+                assert!(r >= 1, "{}: {key} scaled to {r}", m.name);
+            }
+        }
+    }
+    // Afterwards each Lease is held by a pod of its own Deployment, the target's first.
+    let back = |m: &Mgmt, seen: &Seen, after: f64| -> f64 {
+        PROVIDERS
+            .iter()
+            .map(|(ns, dep, lease)| {
+                let key = format!("{ns}/{lease}");
+                eventually(&format!("{}: {key} led by a pod of {dep}", m.name), Duration::from_secs(60), || {
+                    holders(&seen.leases)
+                        .into_iter()
+                        .find(|(t, k, holder)| *t > after && *k == key && holder.starts_with(&format!("{dep}-")))
+                        .map(|(t, _, _)| t)
+                })
+            })
+            .fold(0.0, f64::max)
+    };
+    let dst_back = back(dst, dst_seen, last_delete);
+    let src_back = back(src, src_seen, last_delete);
+    let src_first_back = PROVIDERS
+        .iter()
+        .filter_map(|(ns, dep, lease)| {
+            let key = format!("{ns}/{lease}");
+            holders(&src_seen.leases)
+                .into_iter()
+                .find(|(t, k, holder)| *t > last_delete && *k == key && holder.starts_with(&format!("{dep}-")))
+                .map(|(t, _, _)| t)
+        })
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        dst_back < src_first_back,
+        "the target's controllers lead again (+{:.1}s) before the source's (+{:.1}s)",
+        dst_back - started,
+        src_first_back - started
+    );
+    eprintln!(
+        "leads again: {} at +{:.1}s, {} at +{:.1}s .. +{:.1}s",
+        dst.name,
+        dst_back - started,
+        src.name,
+        src_first_back - started,
+        src_back - started
+    );
+    for m in [src, dst] {
+        nothing_left(m, ns);
+    }
+    Moved {
+        took: ended - started,
+        held: (held[0].1 - held[0].0, held[1].1 - held[1].0),
+        output_lines: log.lines().count(),
+    }
+}
+
+/// Nothing of handoff's in this cluster: no Lease labelled or held by a window, no saved
+/// count, no handoff block-move, every window closed, every provider at its shipped count.
+fn nothing_left(m: &Mgmt, ns: &str) {
+    for l in m.get(&["leases", "-A"])["items"].as_array().unwrap() {
+        let holder = l["spec"]["holderIdentity"].as_str().unwrap_or("");
+        assert!(
+            l["metadata"]["labels"].get(HELD_BY).is_none() && !holder.starts_with(WINDOW_HOLDER),
+            "{}: {l}",
+            m.name
+        );
+    }
+    for d in m.get(&["deployments", "-A"])["items"].as_array().unwrap() {
+        assert!(d["metadata"]["annotations"].get(SAVED).is_none(), "{}: {d}", m.name);
+        if PROVIDERS.iter().any(|(_, dep, _)| d["metadata"]["name"] == *dep) {
+            assert_eq!(d["spec"]["replicas"], 1, "{}: {}", m.name, d["metadata"]["name"]);
+        }
+    }
+    for w in m.get(&["movewindows"])["items"].as_array().unwrap() {
+        assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", m.name);
+    }
+    for c in m.get(&["-n", ns, "clusters.cluster.x-k8s.io"])["items"].as_array().unwrap() {
+        let block = c["metadata"]["annotations"][BLOCK_MOVE].as_str().unwrap_or("");
+        assert!(!block.starts_with("handoff.dev/"), "{}: {c}", m.name);
+    }
+}
+
+fn provision(rig: &Rig, m: &Mgmt, ns: &str, name: &str) -> std::process::Child {
+    m.workload(rig, ns, name, 1)
+}
+
+fn wait_provisioned(m: &Mgmt, ns: &str, name: &str) {
+    let said = eventually(
+        &format!("{}: {ns}/{name} re-provisioned by its controllers", m.name),
+        Duration::from_secs(240),
+        || m.provisioned(ns, name, 2),
+    );
+    eprintln!("{}: {said}", m.name);
+}
+
+#[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
+fn handoff_move_with_the_real_clusterctl_and_providers() {
+    if skip() || !support::netns::in_own_netns("handoff_move_with_the_real_clusterctl_and_providers") {
+        return;
+    }
+    let Some(rig) = Rig::find() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The shipped leader-election settings and the kubelet's restart back-off (10 s, doubling).
+    let mut clusters = rig.up(dir.path(), &["src", "dst"], &[]);
+    let mut dst = clusters.pop().unwrap();
+    let mut src = clusters.pop().unwrap();
+    // Two workload clusters: ns1 for handoff move, ns2 for a plain clusterctl move.
+    let w1 = provision(&rig, &src, "ns1", "wl1");
+    let w2 = provision(&rig, &src, "ns2", "wl2");
+    src.register_handoff();
+    dst.register_handoff();
+    for (w, name) in [(w1, "ns1/wl1"), (w2, "ns2/wl2")] {
+        let out = w.wait_with_output().expect("workload.sh");
+        assert!(out.status.success(), "workload {name}: {}", text(&out.stderr));
+    }
+    eprintln!("set up in {:.1}s", t0.elapsed().as_secs_f64());
+    for m in [&src, &dst] {
+        m.ok(&["create", "namespace", "probe"]);
+    }
+    let probes = probe_objects(&src.workload_yaml("ns1", "wl1"), "probe");
+    assert!(probes.len() >= 6, "{probes:?}");
+
+    // A plain clusterctl move of ns2, for comparison.
+    let t = Instant::now();
+    let mut plain = Command::new(rig.clusterctl());
+    plain
+        .arg("move")
+        .arg("--kubeconfig")
+        .arg(&src.kubeconfig)
+        .arg("--to-kubeconfig")
+        .arg(&dst.kubeconfig)
+        .args(["--namespace", "ns2"]);
+    for (k, v) in rig.clusterctl_env() {
+        plain.env(k, v);
+    }
+    let out = plain.output().expect("clusterctl move");
+    let plain_took = t.elapsed().as_secs_f64();
+    assert!(out.status.success(), "clusterctl move: {}", text(&out.stderr));
+    eprintln!("plain clusterctl move of ns2: {plain_took:.1}s");
+
+    // Three handoff moves of ns1: there, back, there again.
+    let mut figures = Vec::new();
+    for (i, (from, to)) in [(&src, &dst), (&dst, &src), (&src, &dst)].into_iter().enumerate() {
+        let (from_seen, to_seen) = (Seen::start(from, "ns1"), Seen::start(to, "ns1"));
+        // The watches list what there is before the move starts.
+        std::thread::sleep(Duration::from_secs(1));
+        let prober = Prober::start(vec![
+            (from.name.to_string(), from.kubeconfig.clone(), probes.clone()),
+            (to.name.to_string(), to.kubeconfig.clone(), probes.clone()),
+        ]);
+        let started = wall();
+        let (ok, log, took) = handoff_move(&rig, from, to, "ns1");
+        let ended = wall();
+        let (ran, failed) = prober.finish();
+        eprintln!("handoff move {} ({} → {}, {took:.1}s):\n{log}", i + 1, from.name, to.name);
+        assert!(ok, "handoff move {} failed:\n{log}", i + 1);
+        assert!(
+            failed.is_empty(),
+            "dry-run creates through the providers' webhooks failed during the move: {:#?}",
+            failed.iter().map(|(t, c, k, e)| format!("+{:.1}s {c} {k}: {e}", t - started)).collect::<Vec<_>>()
+        );
+        assert!(ran >= 20, "only {ran} probes ran");
+        let moved = check_move((from, &from_seen), (to, &to_seen), "ns1", started, ended, &log);
+        wait_provisioned(to, "ns1", "wl1");
+        eprintln!(
+            "move {}: {:.1}s, Leases held {:.1}s in the target, {:.1}s in the source, {} output lines, {ran} webhook probes passed",
+            i + 1,
+            moved.took,
+            moved.held.0,
+            moved.held.1,
+            moved.output_lines
+        );
+        figures.push(moved);
+    }
+    wait_provisioned(&dst, "ns2", "wl2");
+    for m in [&src, &dst] {
+        let pods = m.get(&["pods", "-A"]);
+        let restarts: Vec<String> = pods["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {}",
+                    p["metadata"]["name"].as_str().unwrap_or(""),
+                    p["status"]["containerStatuses"][0]["restartCount"]
+                )
+            })
+            .collect();
+        eprintln!("{}: pods and restarts: {restarts:?}", m.name);
+    }
+    eprintln!(
+        "timings: plain clusterctl move {plain_took:.1}s; handoff move {}; whole test {:.1}s",
+        figures.iter().map(|f| format!("{:.1}s", f.took)).collect::<Vec<_>>().join(", "),
+        t0.elapsed().as_secs_f64()
+    );
+}

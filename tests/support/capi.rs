@@ -1,0 +1,459 @@
+//! The real Cluster API for the tests: `../shared/capi` runs the real clusterctl, core Cluster
+//! API, kubeadm bootstrap (CABPK) and control-plane (KCP) managers and CAPD (its in-memory
+//! backend fakes machines and workload clusters) on envtest kube-apiservers, from their own
+//! rendered `config/default` manifests, with `podsim.py` as kubelet, Deployment controller and
+//! kube-proxy. Every cluster lives in the calling test's network namespace (`netns.rs`), and
+//! `down.sh` stops it when its `Mgmt` is dropped.
+//!
+//! What the tests read of it comes from the clusters themselves: watches (`kubectl get -w`) of
+//! Leases, Pods, Deployments and Clusters, stamped with the wall clock as they arrive; the
+//! managers' own logs (`DIR/podsim/logs/<pod>.log`); and server-side dry-run creates through
+//! the providers' fail-closed webhooks.
+#![allow(dead_code)]
+
+use std::io::{BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+use super::apiserver::{Handoff, spawn, text};
+
+/// The provider namespaces, their Deployment, and its leader-election Lease (as the shipped
+/// manifests name them).
+pub const PROVIDERS: [(&str, &str, &str); 4] = [
+    (
+        "capi-system",
+        "capi-controller-manager",
+        "controller-leader-election-capi",
+    ),
+    (
+        "capi-kubeadm-bootstrap-system",
+        "capi-kubeadm-bootstrap-controller-manager",
+        "kubeadm-bootstrap-manager-leader-election-capi",
+    ),
+    (
+        "capi-kubeadm-control-plane-system",
+        "capi-kubeadm-control-plane-controller-manager",
+        "kubeadm-control-plane-manager-leader-election-capi",
+    ),
+    (
+        "capd-system",
+        "capd-controller-manager",
+        "controller-leader-election-capd",
+    ),
+];
+
+pub const WINDOW_HOLDER: &str = "handoff.dev/move-window/";
+
+/// Seconds since the epoch, now.
+pub fn wall() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// `../shared/capi` and its unpacked binaries.
+pub struct Rig {
+    pub scripts: PathBuf,
+    /// `CAPI_ROOT`: bin/ and manifests/.
+    pub root: PathBuf,
+}
+
+impl Rig {
+    /// The rig, or `None` (one line on stderr) where `../shared/capi` is missing; under
+    /// `HANDOFF_REQUIRE_APISERVER=1` a missing rig fails the test instead.
+    pub fn find() -> Option<Rig> {
+        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/capi");
+        let required = std::env::var("HANDOFF_REQUIRE_APISERVER").is_ok_and(|v| v == "1");
+        if !scripts.join("up.sh").exists() {
+            let why = format!("{} has no up.sh", scripts.display());
+            assert!(!required, "HANDOFF_REQUIRE_APISERVER=1 but {why}");
+            let _ = writeln!(std::io::stderr(), "skipped: the real Cluster API tests need ../shared/capi ({why})");
+            return None;
+        }
+        static ROOT: OnceLock<PathBuf> = OnceLock::new();
+        let root = ROOT
+            .get_or_init(|| {
+                let out = Command::new(scripts.join("unpack.sh")).output().expect("unpack.sh");
+                assert!(out.status.success(), "unpack.sh: {}", text(&out.stderr));
+                PathBuf::from(text(&out.stdout).trim())
+            })
+            .clone();
+        Some(Rig { scripts, root })
+    }
+
+    pub fn clusterctl(&self) -> PathBuf {
+        self.root.join("bin/clusterctl")
+    }
+
+    /// What clusterctl needs here: no version check (no internet), its config under the rig.
+    pub fn clusterctl_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("CLUSTERCTL_DISABLE_VERSIONCHECK", "true".into()),
+            ("XDG_CONFIG_HOME", self.root.join("xdg").display().to_string()),
+        ]
+    }
+
+    /// Management clusters, started in parallel (`up.sh DIR NAME`), with `env` for up.sh
+    /// (leader-election settings, restart back-off).
+    pub fn up(&self, dir: &Path, names: &[&'static str], env: &[(&str, &str)]) -> Vec<Mgmt> {
+        let started: Vec<(&'static str, PathBuf, Child)> = names
+            .iter()
+            .map(|name| {
+                let d = dir.join(name);
+                let mut cmd = Command::new(self.scripts.join("up.sh"));
+                cmd.arg(&d)
+                    .arg(name)
+                    .env("CAPI_ROOT", &self.root)
+                    .env("TZ", "UTC")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                for (k, v) in env {
+                    cmd.env(k, v);
+                }
+                (*name, d, cmd.spawn().expect("up.sh"))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (name, d, child) in started {
+            let o = child.wait_with_output().expect("up.sh");
+            // Dropped (stopped) even when the next one failed.
+            let m = Mgmt {
+                name,
+                dir: d.clone(),
+                kubeconfig: PathBuf::from(text(&o.stdout).trim()),
+                scripts: self.scripts.clone(),
+                handoff: None,
+            };
+            assert!(o.status.success(), "up.sh {name}: {}", text(&o.stderr));
+            eprintln!("{}", text(&o.stderr).trim_end());
+            out.push(m);
+        }
+        out
+    }
+}
+
+/// One management cluster of the rig.
+pub struct Mgmt {
+    pub name: &'static str,
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    scripts: PathBuf,
+    handoff: Option<Handoff>,
+}
+
+impl Mgmt {
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_stdin(args, None)
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        if let Some(s) = stdin {
+            child.stdin.take().expect("stdin").write_all(s.as_bytes()).expect("write");
+        }
+        child.wait_with_output().expect("kubectl")
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(out.status.success(), "{}: kubectl {args:?}: {}", self.name, text(&out.stderr));
+        text(&out.stdout)
+    }
+
+    pub fn get(&self, args: &[&str]) -> Value {
+        serde_json::from_str(&self.ok(&[&["get"], args, &["-o", "json"]].concat())).expect("json")
+    }
+
+    /// `handoff serve` for this cluster, registered with the project's `local` overlay (the
+    /// MoveWindow CRD and the webhook configurations, pointed at it).
+    pub fn register_handoff(&mut self) {
+        let mut h = Handoff::start_with_kubeconfig(&self.kubeconfig, &[]);
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], Some(&h.rendered_local_overlay()));
+        assert!(out.status.success(), "{}: handoff's manifests: {}", self.name, text(&out.stderr));
+        h.wait_ready();
+        self.handoff = Some(h);
+    }
+
+    /// `workload.sh`: a workload cluster (KCP with one machine, a MachineDeployment with
+    /// `workers`), returned running; `wait` on it.
+    pub fn workload(&self, rig: &Rig, ns: &str, name: &str, workers: u32) -> Child {
+        Command::new(rig.scripts.join("workload.sh"))
+            .arg(&self.kubeconfig)
+            .args([ns, name, &workers.to_string()])
+            .env("CAPI_ROOT", &rig.root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("workload.sh")
+    }
+
+    /// The manifest `workload.sh` applied for `ns/name` (clusterctl generate cluster).
+    pub fn workload_yaml(&self, ns: &str, name: &str) -> PathBuf {
+        self.kubeconfig
+            .parent()
+            .expect("kubeconfig folder")
+            .join(format!("workload-{ns}-{name}.yaml"))
+    }
+
+    /// Every manager log line, as podsim keeps them (all restarts of each pod).
+    pub fn manager_logs(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let dir = self.dir.join("podsim/logs");
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let pod = e.file_name().to_string_lossy().trim_end_matches(".log").to_string();
+            for line in std::fs::read_to_string(e.path()).unwrap_or_default().lines() {
+                out.push((pod.clone(), line.to_string()));
+            }
+        }
+        out
+    }
+
+    /// `ns/name` of the Cluster re-provisioned by this cluster's controllers: infrastructure
+    /// provisioned, control plane initialized, Available, every Machine with a nodeRef.
+    pub fn provisioned(&self, ns: &str, name: &str, machines: usize) -> Option<String> {
+        let c = self.get(&["-n", ns, "clusters.cluster.x-k8s.io", name]);
+        let s = &c["status"];
+        let cond = |t: &str| {
+            s["conditions"]
+                .as_array()
+                .and_then(|v| v.iter().find(|c| c["type"] == t))
+                .map(|c| c["status"] == "True")
+                .unwrap_or(false)
+        };
+        let nodes = self.get(&["-n", ns, "machines.cluster.x-k8s.io", "-l", &format!("cluster.x-k8s.io/cluster-name={name}")])["items"]
+            .as_array()
+            .map(|v| v.iter().filter(|m| m["status"]["nodeRef"]["name"].is_string()).count())
+            .unwrap_or(0);
+        let ok = c["spec"]["paused"] != true
+            && s["initialization"]["infrastructureProvisioned"] == true
+            && s["initialization"]["controlPlaneInitialized"] == true
+            && cond("ControlPlaneInitialized")
+            && cond("Available")
+            && nodes >= machines;
+        ok.then(|| format!("{ns}/{name}: provisioned, Available, {nodes} nodeRefs"))
+    }
+}
+
+impl Drop for Mgmt {
+    fn drop(&mut self) {
+        if let Some(mut h) = self.handoff.take() {
+            h.stop();
+        }
+        let _ = Command::new(self.scripts.join("down.sh"))
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// One event of a watch: when it arrived (wall clock), its type and object.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub at: f64,
+    pub kind: String,
+    pub object: Value,
+}
+
+impl Event {
+    pub fn key(&self) -> String {
+        let m = &self.object["metadata"];
+        format!("{}/{}", m["namespace"].as_str().unwrap_or(""), m["name"].as_str().unwrap_or(""))
+    }
+}
+
+/// `kubectl get RESOURCE -w --output-watch-events -o json`, every event kept with its arrival
+/// time; it starts with the objects there are (`ADDED`).
+pub struct Watch {
+    pub what: String,
+    events: Arc<Mutex<Vec<Event>>>,
+    child: Child,
+}
+
+impl Watch {
+    pub fn start(m: &Mgmt, args: &[&str]) -> Watch {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(&m.kubeconfig)
+            .arg("get")
+            .args(args)
+            .args(["-w", "--output-watch-events", "-o", "json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = spawn(cmd).expect("kubectl get -w");
+        let stdout = child.stdout.take().expect("stdout");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        std::thread::spawn(move || {
+            let stream = serde_json::Deserializer::from_reader(BufReader::new(stdout)).into_iter::<Value>();
+            for v in stream.flatten() {
+                let e = Event {
+                    at: wall(),
+                    kind: v["type"].as_str().unwrap_or("").to_string(),
+                    object: v["object"].clone(),
+                };
+                sink.lock().unwrap().push(e);
+            }
+        });
+        Watch {
+            what: format!("{}: {}", m.name, args.join(" ")),
+            events,
+            child,
+        }
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The holder of each Lease over time: `(at, namespace/name, holderIdentity)`, one entry per
+/// change.
+pub fn holders(w: &Watch) -> Vec<(f64, String, String)> {
+    let mut last: std::collections::BTreeMap<String, String> = Default::default();
+    let mut out = Vec::new();
+    for e in w.events() {
+        let holder = e.object["spec"]["holderIdentity"].as_str().unwrap_or("").to_string();
+        let key = e.key();
+        if last.get(&key) != Some(&holder) {
+            last.insert(key.clone(), holder.clone());
+            out.push((e.at, key, holder));
+        }
+    }
+    out
+}
+
+/// Ready pods per namespace over time: `(at, namespace, ready pods)` after each pod event.
+pub fn ready_pods(w: &Watch) -> Vec<(f64, String, usize)> {
+    let mut ready: std::collections::BTreeMap<String, bool> = Default::default();
+    let mut out = Vec::new();
+    for e in w.events() {
+        let key = e.key();
+        let ns = key.split('/').next().unwrap_or("").to_string();
+        let is_ready = e.kind != "DELETED"
+            && e.object["metadata"]["deletionTimestamp"].is_null()
+            && e.object["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+        ready.insert(key, is_ready);
+        let n = ready
+            .iter()
+            .filter(|(k, r)| **r && k.starts_with(&format!("{ns}/")))
+            .count();
+        out.push((e.at, ns, n));
+    }
+    out
+}
+
+/// Server-side dry-run creates through every fail-closed webhook of the workload's kinds, one
+/// object per cluster a tick, for as long as it runs: `(at, cluster, kind, error)` of each that
+/// failed, and how many ran.
+pub struct Prober {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(usize, Vec<(f64, String, String, String)>)>>,
+}
+
+impl Prober {
+    /// `objects`: JSON objects to dry-run create (name and namespace set), per cluster.
+    pub fn start(clusters: Vec<(String, PathBuf, Vec<Value>)>) -> Prober {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut failed = Vec::new();
+            let mut ran = 0;
+            let mut i = 0usize;
+            while !flag.load(Ordering::Relaxed) {
+                for (name, kubeconfig, objects) in &clusters {
+                    let o = &objects[i % objects.len()];
+                    let mut child = Command::new("kubectl")
+                        .arg("--kubeconfig")
+                        .arg(kubeconfig)
+                        .args(["create", "--dry-run=server", "-o", "name", "-f", "-"])
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::piped())
+                        .spawn()
+                        .expect("kubectl");
+                    child.stdin.take().unwrap().write_all(o.to_string().as_bytes()).unwrap();
+                    let out = child.wait_with_output().expect("kubectl");
+                    ran += 1;
+                    if !out.status.success() {
+                        failed.push((
+                            wall(),
+                            name.clone(),
+                            o["kind"].as_str().unwrap_or("").to_string(),
+                            text(&out.stderr),
+                        ));
+                    }
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(700));
+            }
+            (ran, failed)
+        });
+        Prober {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn finish(mut self) -> (usize, Vec<(f64, String, String, String)>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().expect("thread").join().expect("prober")
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The objects of a workload manifest, renamed into `ns` as `probe-<kind>`: what a dry-run
+/// create sends through each provider's webhooks without creating anything.
+pub fn probe_objects(manifest: &Path, ns: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(manifest).expect("workload manifest");
+    text.split("\n---")
+        .filter_map(|doc| handoff::yaml::from_str::<Value>(doc).ok())
+        .filter(|v| v.is_object() && v["kind"].is_string())
+        .map(|mut v| {
+            let kind = v["kind"].as_str().unwrap_or("").to_lowercase();
+            v["metadata"]["namespace"] = Value::from(ns);
+            v["metadata"]["name"] = Value::from(format!("probe-{kind}"));
+            v
+        })
+        .collect()
+}
+
+/// A klog line's time (`I1201 21:47:16.123456 …`, UTC, this year) as seconds since the epoch.
+pub fn klog_time(line: &str) -> Option<f64> {
+    let head = line.get(1..21)?;
+    let (md, time) = head.split_once(' ')?;
+    let year = k8s_openapi::jiff::Timestamp::now().strftime("%Y").to_string();
+    let ts: k8s_openapi::jiff::Timestamp = format!("{year}-{}-{}T{}Z", &md[..2], &md[2..4], time.trim())
+        .parse()
+        .ok()?;
+    Some(ts.as_nanosecond() as f64 / 1e9)
+}
