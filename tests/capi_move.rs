@@ -14,7 +14,9 @@
 //! pod at every moment of the move, and server-side dry-run creates through their fail-closed
 //! webhooks succeed throughout; no Deployment goes to 0 and each ends at its shipped count;
 //! each Lease is afterwards held by a pod of its own Deployment, the target's first; the moved
-//! Cluster is re-provisioned by the target's controllers; nothing of handoff is left.
+//! Cluster is re-provisioned by the target's controllers; nothing of handoff is left. And a
+//! Lease taken back by its provider during the window (freed by hand) stops the first attempt
+//! before clusterctl copies, `status` shows it, and the same command then finishes the move.
 
 mod support;
 
@@ -60,6 +62,14 @@ struct Moved {
 
 fn handoff_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) -> (bool, String, f64) {
     let t = Instant::now();
+    let out = move_command(rig, from, to, ns)
+        .output()
+        .expect("handoff move");
+    let log = text(&out.stdout) + &text(&out.stderr);
+    (out.status.success(), log, t.elapsed().as_secs_f64())
+}
+
+fn move_command(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
     cmd.arg("move")
         .arg("--kubeconfig")
@@ -73,9 +83,96 @@ fn handoff_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) -> (bool, String, f
     for (k, v) in rig.clusterctl_env() {
         cmd.env(k, v);
     }
-    let out = cmd.output().expect("handoff move");
+    cmd
+}
+
+/// Whether the window holds every provider Lease of `m` now.
+fn all_held(m: &Mgmt) -> bool {
+    PROVIDERS.iter().all(|(ns, _, lease)| {
+        m.get(&["-n", ns, "lease", lease])["spec"]["holderIdentity"]
+            .as_str()
+            .is_some_and(|h| h.starts_with(WINDOW_HOLDER))
+    })
+}
+
+/// A move during which a provider takes one of its Leases back (freed by hand, as its
+/// operator could): handoff must find it before it lets clusterctl copy, stop clusterctl,
+/// copy nothing, and say the two ways on; `status` shows the Lease taken back.
+fn a_lease_taken_back_stops_the_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) {
+    let child = move_command(rig, from, to, ns)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("handoff move");
+    eventually(
+        "the window holding every provider Lease of both clusters",
+        Duration::from_secs(120),
+        || (all_held(from) && all_held(to)).then_some(()),
+    );
+    to.ok(&[
+        "-n",
+        "capd-system",
+        "patch",
+        "lease",
+        "controller-leader-election-capd",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"holderIdentity":"","leaseDurationSeconds":1}}"#,
+    ]);
+    let taker = eventually(
+        "a CAPD pod taking its Lease back",
+        Duration::from_secs(30),
+        || {
+            to.get(&[
+                "-n",
+                "capd-system",
+                "lease",
+                "controller-leader-election-capd",
+            ])["spec"]["holderIdentity"]
+                .as_str()
+                .filter(|h| h.starts_with("capd-controller-manager-"))
+                .map(str::to_string)
+        },
+    );
+    let out = child.wait_with_output().expect("handoff move");
     let log = text(&out.stdout) + &text(&out.stderr);
-    (out.status.success(), log, t.elapsed().as_secs_f64())
+    eprintln!("a handoff move with a Lease taken back:\n{log}");
+    assert!(!out.status.success(), "{log}");
+    for want in [
+        "was taken back by capd-controller-manager-",
+        "finish the move: handoff move",
+        "--abort",
+    ] {
+        assert!(log.contains(want), "{want:?} missing:\n{log}");
+    }
+    assert!(!log.contains("clusterctl copies now"), "{log}");
+    // Nothing copied: clusterctl never got past its block-move wait.
+    assert!(
+        to.get(&["-n", ns, "clusters.cluster.x-k8s.io"])["items"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let status = to.ok(&[
+        "get",
+        "movewindow",
+        &format!("move-{ns}"),
+        "-o",
+        "jsonpath={.status.move.phase}",
+    ]);
+    assert_eq!(status, "Failed");
+    let out = Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["window", "status", &format!("move-{ns}"), "--kubeconfig"])
+        .arg(&to.kubeconfig)
+        .output()
+        .expect("handoff window status");
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("TAKEN BACK") && table.contains(taker.as_str()),
+        "{table}{}",
+        text(&out.stderr)
+    );
 }
 
 /// The interval in which each provider Lease of `m` was held by the window, around `at`.
@@ -85,7 +182,8 @@ fn window_hold(m: &Mgmt, seen: &Seen, at: f64) -> Vec<(String, f64, f64)> {
         .iter()
         .map(|(ns, _, lease)| {
             let key = format!("{ns}/{lease}");
-            let mine: Vec<&(f64, String, String)> = h.iter().filter(|(_, k, _)| *k == key).collect();
+            let mine: Vec<&(f64, String, String)> =
+                h.iter().filter(|(_, k, _)| *k == key).collect();
             // The last change to the window's holder at or before `at`, and the first change
             // away from it after.
             let from = mine
@@ -105,7 +203,10 @@ fn window_hold(m: &Mgmt, seen: &Seen, at: f64) -> Vec<(String, f64, f64)> {
                 .map(|(t, _, _)| *t)
                 .unwrap_or(f64::INFINITY);
             let Some(from) = taken_since else {
-                panic!("{}: Lease {key} was not held by the window at {at}: {mine:?}", m.name);
+                panic!(
+                    "{}: Lease {key} was not held by the window at {at}: {mine:?}",
+                    m.name
+                );
             };
             (key, from, until)
         })
@@ -136,9 +237,11 @@ fn check_move(
     // last from the source (clusterctl's move sequence: owners first, deletes in reverse).
     let first_create = cluster_event(&dst_seen.clusters.events(), "ADDED", started, ended)
         .unwrap_or_else(|| panic!("no Cluster created in {} during the move:\n{log}", dst.name));
-    let last_delete = eventually("the source's Cluster deleted, as its watch saw it", Duration::from_secs(30), || {
-        cluster_event(&src_seen.clusters.events(), "DELETED", started, wall())
-    });
+    let last_delete = eventually(
+        "the source's Cluster deleted, as its watch saw it",
+        Duration::from_secs(30),
+        || cluster_event(&src_seen.clusters.events(), "DELETED", started, wall()),
+    );
     eprintln!(
         "copy: first create in {} at +{:.1}s, last delete in {} at +{:.1}s",
         dst.name,
@@ -179,7 +282,12 @@ fn check_move(
         // Every provider had a Ready pod at every moment of the move.
         for (t, pns, n) in ready_pods(&seen.pods) {
             if t >= started && t <= ended && PROVIDERS.iter().any(|(p, _, _)| *p == pns) {
-                assert!(n >= 1, "{}: {pns} had no Ready pod at +{:.1}s", m.name, t - started);
+                assert!(
+                    n >= 1,
+                    "{}: {pns} had no Ready pod at +{:.1}s",
+                    m.name,
+                    t - started
+                );
             }
         }
         // No Deployment went to 0, none was left scaled.
@@ -197,12 +305,18 @@ fn check_move(
             .iter()
             .map(|(ns, dep, lease)| {
                 let key = format!("{ns}/{lease}");
-                eventually(&format!("{}: {key} led by a pod of {dep}", m.name), Duration::from_secs(60), || {
-                    holders(&seen.leases)
-                        .into_iter()
-                        .find(|(t, k, holder)| *t > after && *k == key && holder.starts_with(&format!("{dep}-")))
-                        .map(|(t, _, _)| t)
-                })
+                eventually(
+                    &format!("{}: {key} led by a pod of {dep}", m.name),
+                    Duration::from_secs(60),
+                    || {
+                        holders(&seen.leases)
+                            .into_iter()
+                            .find(|(t, k, holder)| {
+                                *t > after && *k == key && holder.starts_with(&format!("{dep}-"))
+                            })
+                            .map(|(t, _, _)| t)
+                    },
+                )
             })
             .fold(0.0, f64::max)
     };
@@ -214,7 +328,9 @@ fn check_move(
             let key = format!("{ns}/{lease}");
             holders(&src_seen.leases)
                 .into_iter()
-                .find(|(t, k, holder)| *t > last_delete && *k == key && holder.starts_with(&format!("{dep}-")))
+                .find(|(t, k, holder)| {
+                    *t > last_delete && *k == key && holder.starts_with(&format!("{dep}-"))
+                })
                 .map(|(t, _, _)| t)
         })
         .fold(f64::INFINITY, f64::min);
@@ -254,16 +370,32 @@ fn nothing_left(m: &Mgmt, ns: &str) {
         );
     }
     for d in m.get(&["deployments", "-A"])["items"].as_array().unwrap() {
-        assert!(d["metadata"]["annotations"].get(SAVED).is_none(), "{}: {d}", m.name);
-        if PROVIDERS.iter().any(|(_, dep, _)| d["metadata"]["name"] == *dep) {
-            assert_eq!(d["spec"]["replicas"], 1, "{}: {}", m.name, d["metadata"]["name"]);
+        assert!(
+            d["metadata"]["annotations"].get(SAVED).is_none(),
+            "{}: {d}",
+            m.name
+        );
+        if PROVIDERS
+            .iter()
+            .any(|(_, dep, _)| d["metadata"]["name"] == *dep)
+        {
+            assert_eq!(
+                d["spec"]["replicas"], 1,
+                "{}: {}",
+                m.name, d["metadata"]["name"]
+            );
         }
     }
     for w in m.get(&["movewindows"])["items"].as_array().unwrap() {
         assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", m.name);
     }
-    for c in m.get(&["-n", ns, "clusters.cluster.x-k8s.io"])["items"].as_array().unwrap() {
-        let block = c["metadata"]["annotations"][BLOCK_MOVE].as_str().unwrap_or("");
+    for c in m.get(&["-n", ns, "clusters.cluster.x-k8s.io"])["items"]
+        .as_array()
+        .unwrap()
+    {
+        let block = c["metadata"]["annotations"][BLOCK_MOVE]
+            .as_str()
+            .unwrap_or("");
         assert!(!block.starts_with("handoff.dev/"), "{}: {c}", m.name);
     }
 }
@@ -287,7 +419,9 @@ fn wait_provisioned(m: &Mgmt, ns: &str, name: &str) {
     ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
 )]
 fn handoff_move_with_the_real_clusterctl_and_providers() {
-    if skip() || !support::netns::in_own_netns("handoff_move_with_the_real_clusterctl_and_providers") {
+    if skip()
+        || !support::netns::in_own_netns("handoff_move_with_the_real_clusterctl_and_providers")
+    {
         return;
     }
     let Some(rig) = Rig::find() else {
@@ -306,7 +440,11 @@ fn handoff_move_with_the_real_clusterctl_and_providers() {
     dst.register_handoff();
     for (w, name) in [(w1, "ns1/wl1"), (w2, "ns2/wl2")] {
         let out = w.wait_with_output().expect("workload.sh");
-        assert!(out.status.success(), "workload {name}: {}", text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "workload {name}: {}",
+            text(&out.stderr)
+        );
     }
     eprintln!("set up in {:.1}s", t0.elapsed().as_secs_f64());
     for m in [&src, &dst] {
@@ -330,32 +468,60 @@ fn handoff_move_with_the_real_clusterctl_and_providers() {
     }
     let out = plain.output().expect("clusterctl move");
     let plain_took = t.elapsed().as_secs_f64();
-    assert!(out.status.success(), "clusterctl move: {}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "clusterctl move: {}",
+        text(&out.stderr)
+    );
     eprintln!("plain clusterctl move of ns2: {plain_took:.1}s");
 
-    // Three handoff moves of ns1: there, back, there again.
+    // A Lease taken back during the first attempt stops it; the same command then finishes
+    // the move: move 1. Then back, and there again.
+    a_lease_taken_back_stops_the_move(&rig, &src, &dst, "ns1");
     let mut figures = Vec::new();
-    for (i, (from, to)) in [(&src, &dst), (&dst, &src), (&src, &dst)].into_iter().enumerate() {
+    for (i, (from, to)) in [(&src, &dst), (&dst, &src), (&src, &dst)]
+        .into_iter()
+        .enumerate()
+    {
         let (from_seen, to_seen) = (Seen::start(from, "ns1"), Seen::start(to, "ns1"));
         // The watches list what there is before the move starts.
         std::thread::sleep(Duration::from_secs(1));
         let prober = Prober::start(vec![
-            (from.name.to_string(), from.kubeconfig.clone(), probes.clone()),
+            (
+                from.name.to_string(),
+                from.kubeconfig.clone(),
+                probes.clone(),
+            ),
             (to.name.to_string(), to.kubeconfig.clone(), probes.clone()),
         ]);
         let started = wall();
         let (ok, log, took) = handoff_move(&rig, from, to, "ns1");
         let ended = wall();
         let (ran, failed) = prober.finish();
-        eprintln!("handoff move {} ({} → {}, {took:.1}s):\n{log}", i + 1, from.name, to.name);
+        eprintln!(
+            "handoff move {} ({} → {}, {took:.1}s):\n{log}",
+            i + 1,
+            from.name,
+            to.name
+        );
         assert!(ok, "handoff move {} failed:\n{log}", i + 1);
         assert!(
             failed.is_empty(),
             "dry-run creates through the providers' webhooks failed during the move: {:#?}",
-            failed.iter().map(|(t, c, k, e)| format!("+{:.1}s {c} {k}: {e}", t - started)).collect::<Vec<_>>()
+            failed
+                .iter()
+                .map(|(t, c, k, e)| format!("+{:.1}s {c} {k}: {e}", t - started))
+                .collect::<Vec<_>>()
         );
         assert!(ran >= 20, "only {ran} probes ran");
-        let moved = check_move((from, &from_seen), (to, &to_seen), "ns1", started, ended, &log);
+        let moved = check_move(
+            (from, &from_seen),
+            (to, &to_seen),
+            "ns1",
+            started,
+            ended,
+            &log,
+        );
         wait_provisioned(to, "ns1", "wl1");
         eprintln!(
             "move {}: {:.1}s, Leases held {:.1}s in the target, {:.1}s in the source, {} output lines, {ran} webhook probes passed",
@@ -386,7 +552,11 @@ fn handoff_move_with_the_real_clusterctl_and_providers() {
     }
     eprintln!(
         "timings: plain clusterctl move {plain_took:.1}s; handoff move {}; whole test {:.1}s",
-        figures.iter().map(|f| format!("{:.1}s", f.took)).collect::<Vec<_>>().join(", "),
+        figures
+            .iter()
+            .map(|f| format!("{:.1}s", f.took))
+            .collect::<Vec<_>>()
+            .join(", "),
         t0.elapsed().as_secs_f64()
     );
 }

@@ -205,7 +205,12 @@ fn stopped(m: &Mgmt, window: &str) {
             1 => 2,
             n => i64::from(n),
         };
-        assert_eq!(m.replicas(p.namespace(), p.name()), with_standby, "{}", p.name());
+        assert_eq!(
+            m.replicas(p.namespace(), p.name()),
+            with_standby,
+            "{}",
+            p.name()
+        );
     }
     for p in m
         .providers

@@ -373,11 +373,20 @@ async fn release_leases(
         }
     }
     for (p, count) in back {
-        if let standby::Proof::Unreported(why) =
-            standby::wait_settled(c, &p.namespace, &p.name, count, opts.lead_timeout, opts.poll)
-                .await?
+        if let standby::Proof::Unreported(why) = standby::wait_settled(
+            c,
+            &p.namespace,
+            &p.name,
+            count,
+            opts.lead_timeout,
+            opts.poll,
+        )
+        .await?
         {
-            let _ = writeln!(out, "warning: {why}; releasing its Lease without knowing that the pod that stays is Ready");
+            let _ = writeln!(
+                out,
+                "warning: {why}; releasing its Lease without knowing that the pod that stays is Ready"
+            );
         }
         record(c, &opts.name, |s| {
             if let Some(e) = s
@@ -434,7 +443,10 @@ async fn release_leases(
                     writeln!(out, "{}: Lease {ns}/{l} already released", c.label)
                 }
                 lease::Released::TakenBack(holder) => {
-                    taken_back.push(format!("Lease {l} was taken back by {} while the window held it", who(holder)));
+                    taken_back.push(format!(
+                        "Lease {l} was taken back by {} while the window held it",
+                        who(holder)
+                    ));
                     writeln!(
                         out,
                         "warning: {}: Lease {ns}/{l} was taken back by {} while MoveWindow {} held it: not written free over it (its controllers may have run during the window; handoff's label is removed)",

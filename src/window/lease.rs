@@ -168,7 +168,10 @@ pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<
         } else if let Some((w, holder)) = l.taken_back()
             && w == window
         {
-            (plan::strip_patch(&l), Released::TakenBack(holder.to_string()))
+            (
+                plan::strip_patch(&l),
+                Released::TakenBack(holder.to_string()),
+            )
         } else {
             return Ok(Released::AlreadyFree);
         };

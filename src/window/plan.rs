@@ -724,7 +724,10 @@ mod tests {
         freed.holder = String::new();
         assert_eq!(freed.taken_back(), Some(("move", "")));
         let strip = strip_patch(&back);
-        assert!(strip.get("spec").is_none(), "the holder keeps its Lease: {strip}");
+        assert!(
+            strip.get("spec").is_none(),
+            "the holder keeps its Lease: {strip}"
+        );
         assert!(strip["metadata"]["labels"][HELD_BY_LABEL].is_null());
         assert_eq!(strip["metadata"]["resourceVersion"], "42");
         // Unlabelled and held by a pod: not a window's at all.
@@ -743,11 +746,22 @@ mod tests {
         assert!(!needs_standby(0, None), "stopped by its owner: stays at 0");
         assert!(!needs_standby(2, None), "a standby runs already");
         assert!(!needs_standby(1, Some(&rec(true, false))), "added once");
-        assert!(needs_standby(1, Some(&rec(true, true))), "a restored record is history");
+        assert!(
+            needs_standby(1, Some(&rec(true, true))),
+            "a restored record is history"
+        );
         assert!(needs_standby(1, Some(&rec(false, false))));
         assert_eq!(standby_back(&rec(true, false), 2), Some(1));
-        assert_eq!(standby_back(&rec(true, false), 3), None, "scaled by someone since");
-        assert_eq!(standby_back(&rec(true, false), 1), None, "not added (a run died before)");
+        assert_eq!(
+            standby_back(&rec(true, false), 3),
+            None,
+            "scaled by someone since"
+        );
+        assert_eq!(
+            standby_back(&rec(true, false), 1),
+            None,
+            "not added (a run died before)"
+        );
         assert_eq!(standby_back(&rec(false, false), 2), None);
     }
 
@@ -763,8 +777,14 @@ mod tests {
             leaders_to_delete(&holders, CAPI, 2),
             ["capi-controller-manager-7d9f8b6c4-x2k4j"]
         );
-        assert!(leaders_to_delete(&holders, CAPI, 1).is_empty(), "its only Ready pod stays");
-        assert!(leaders_to_delete(&[String::new()], CAPI, 3).is_empty(), "nobody led");
+        assert!(
+            leaders_to_delete(&holders, CAPI, 1).is_empty(),
+            "its only Ready pod stays"
+        );
+        assert!(
+            leaders_to_delete(&[String::new()], CAPI, 3).is_empty(),
+            "nobody led"
+        );
     }
 
     #[test]

@@ -217,11 +217,36 @@ mod tests {
     #[test]
     fn one_line_per_deployment_with_what_it_backs() {
         let findings = [
-            f("target", "capi-system/capi-controller-manager", "capi-system/capi-webhook-service", "ValidatingWebhookConfiguration v webhook a (failurePolicy Fail)"),
-            f("target", "capd-system/capd-controller-manager", "capd-system/capd-webhook-service", "CustomResourceDefinition x conversion webhook (conversion always fails closed)"),
-            f("target", "capi-system/capi-controller-manager", "capi-system/capi-webhook-service", "MutatingWebhookConfiguration m webhook b (failurePolicy Fail)"),
-            f("target", "capi-system/capi-controller-manager", "capi-system/capi-webhook-service", "CustomResourceDefinition y conversion webhook (conversion always fails closed)"),
-            f("source", "capi-system/capi-controller-manager", "capi-system/capi-webhook-service", "ValidatingWebhookConfiguration v webhook a (failurePolicy Fail)"),
+            f(
+                "target",
+                "capi-system/capi-controller-manager",
+                "capi-system/capi-webhook-service",
+                "ValidatingWebhookConfiguration v webhook a (failurePolicy Fail)",
+            ),
+            f(
+                "target",
+                "capd-system/capd-controller-manager",
+                "capd-system/capd-webhook-service",
+                "CustomResourceDefinition x conversion webhook (conversion always fails closed)",
+            ),
+            f(
+                "target",
+                "capi-system/capi-controller-manager",
+                "capi-system/capi-webhook-service",
+                "MutatingWebhookConfiguration m webhook b (failurePolicy Fail)",
+            ),
+            f(
+                "target",
+                "capi-system/capi-controller-manager",
+                "capi-system/capi-webhook-service",
+                "CustomResourceDefinition y conversion webhook (conversion always fails closed)",
+            ),
+            f(
+                "source",
+                "capi-system/capi-controller-manager",
+                "capi-system/capi-webhook-service",
+                "ValidatingWebhookConfiguration v webhook a (failurePolicy Fail)",
+            ),
         ];
         assert_eq!(
             by_deployment(&findings),

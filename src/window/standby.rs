@@ -24,7 +24,10 @@ pub async fn scale(c: &Cluster, ns: &str, name: &str, count: i32) -> Result<()> 
             &Patch::Merge(json!({"spec": {"replicas": count}})),
         )
         .await
-        .map_err(api_err(c, format!("scaling Deployment {ns}/{name} to {count}")))?;
+        .map_err(api_err(
+            c,
+            format!("scaling Deployment {ns}/{name} to {count}"),
+        ))?;
     Ok(())
 }
 
@@ -36,7 +39,11 @@ enum Counts {
     Unreported,
     /// `status.replicas`, `status.readyReplicas`, and whether the controller has seen the
     /// latest spec.
-    Seen { replicas: i32, ready: i32, observed: bool },
+    Seen {
+        replicas: i32,
+        ready: i32,
+        observed: bool,
+    },
 }
 
 async fn counts(c: &Cluster, ns: &str, name: &str) -> Result<Counts> {
@@ -47,7 +54,11 @@ async fn counts(c: &Cluster, ns: &str, name: &str) -> Result<Counts> {
     let Some(d) = d else {
         return Ok(Counts::Gone);
     };
-    let Some(st) = d.status.as_ref().filter(|s| s.observed_generation.is_some()) else {
+    let Some(st) = d
+        .status
+        .as_ref()
+        .filter(|s| s.observed_generation.is_some())
+    else {
         return Ok(Counts::Unreported);
     };
     Ok(Counts::Seen {
@@ -189,7 +200,10 @@ async fn has_ready_endpoint(c: &Cluster, ns: &str, svc: &str) -> Result<Option<b
     let slices = Api::<EndpointSlice>::namespaced(c.client.clone(), ns)
         .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={svc}")))
         .await
-        .map_err(api_err(c, format!("listing EndpointSlices of Service {ns}/{svc}")))?;
+        .map_err(api_err(
+            c,
+            format!("listing EndpointSlices of Service {ns}/{svc}"),
+        ))?;
     if slices.items.is_empty() {
         return Ok(None);
     }

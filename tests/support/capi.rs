@@ -73,13 +73,18 @@ impl Rig {
         if !scripts.join("up.sh").exists() {
             let why = format!("{} has no up.sh", scripts.display());
             assert!(!required, "HANDOFF_REQUIRE_APISERVER=1 but {why}");
-            let _ = writeln!(std::io::stderr(), "skipped: the real Cluster API tests need ../shared/capi ({why})");
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped: the real Cluster API tests need ../shared/capi ({why})"
+            );
             return None;
         }
         static ROOT: OnceLock<PathBuf> = OnceLock::new();
         let root = ROOT
             .get_or_init(|| {
-                let out = Command::new(scripts.join("unpack.sh")).output().expect("unpack.sh");
+                let out = Command::new(scripts.join("unpack.sh"))
+                    .output()
+                    .expect("unpack.sh");
                 assert!(out.status.success(), "unpack.sh: {}", text(&out.stderr));
                 PathBuf::from(text(&out.stdout).trim())
             })
@@ -95,7 +100,10 @@ impl Rig {
     pub fn clusterctl_env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("CLUSTERCTL_DISABLE_VERSIONCHECK", "true".into()),
-            ("XDG_CONFIG_HOME", self.root.join("xdg").display().to_string()),
+            (
+                "XDG_CONFIG_HOME",
+                self.root.join("xdg").display().to_string(),
+            ),
         ]
     }
 
@@ -157,20 +165,34 @@ impl Mgmt {
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("kubectl");
         if let Some(s) = stdin {
-            child.stdin.take().expect("stdin").write_all(s.as_bytes()).expect("write");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(s.as_bytes())
+                .expect("write");
         }
         child.wait_with_output().expect("kubectl")
     }
 
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
-        assert!(out.status.success(), "{}: kubectl {args:?}: {}", self.name, text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}: kubectl {args:?}: {}",
+            self.name,
+            text(&out.stderr)
+        );
         text(&out.stdout)
     }
 
@@ -183,7 +205,12 @@ impl Mgmt {
     pub fn register_handoff(&mut self) {
         let mut h = Handoff::start_with_kubeconfig(&self.kubeconfig, &[]);
         let out = self.kubectl_stdin(&["apply", "-f", "-"], Some(&h.rendered_local_overlay()));
-        assert!(out.status.success(), "{}: handoff's manifests: {}", self.name, text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}: handoff's manifests: {}",
+            self.name,
+            text(&out.stderr)
+        );
         h.wait_ready();
         self.handoff = Some(h);
     }
@@ -214,8 +241,15 @@ impl Mgmt {
         let mut out = Vec::new();
         let dir = self.dir.join("podsim/logs");
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let pod = e.file_name().to_string_lossy().trim_end_matches(".log").to_string();
-            for line in std::fs::read_to_string(e.path()).unwrap_or_default().lines() {
+            let pod = e
+                .file_name()
+                .to_string_lossy()
+                .trim_end_matches(".log")
+                .to_string();
+            for line in std::fs::read_to_string(e.path())
+                .unwrap_or_default()
+                .lines()
+            {
                 out.push((pod.clone(), line.to_string()));
             }
         }
@@ -234,9 +268,19 @@ impl Mgmt {
                 .map(|c| c["status"] == "True")
                 .unwrap_or(false)
         };
-        let nodes = self.get(&["-n", ns, "machines.cluster.x-k8s.io", "-l", &format!("cluster.x-k8s.io/cluster-name={name}")])["items"]
+        let nodes = self.get(&[
+            "-n",
+            ns,
+            "machines.cluster.x-k8s.io",
+            "-l",
+            &format!("cluster.x-k8s.io/cluster-name={name}"),
+        ])["items"]
             .as_array()
-            .map(|v| v.iter().filter(|m| m["status"]["nodeRef"]["name"].is_string()).count())
+            .map(|v| {
+                v.iter()
+                    .filter(|m| m["status"]["nodeRef"]["name"].is_string())
+                    .count()
+            })
             .unwrap_or(0);
         let ok = c["spec"]["paused"] != true
             && s["initialization"]["infrastructureProvisioned"] == true
@@ -272,7 +316,11 @@ pub struct Event {
 impl Event {
     pub fn key(&self) -> String {
         let m = &self.object["metadata"];
-        format!("{}/{}", m["namespace"].as_str().unwrap_or(""), m["name"].as_str().unwrap_or(""))
+        format!(
+            "{}/{}",
+            m["namespace"].as_str().unwrap_or(""),
+            m["name"].as_str().unwrap_or("")
+        )
     }
 }
 
@@ -300,7 +348,8 @@ impl Watch {
         let events = Arc::new(Mutex::new(Vec::new()));
         let sink = events.clone();
         std::thread::spawn(move || {
-            let stream = serde_json::Deserializer::from_reader(BufReader::new(stdout)).into_iter::<Value>();
+            let stream =
+                serde_json::Deserializer::from_reader(BufReader::new(stdout)).into_iter::<Value>();
             for v in stream.flatten() {
                 let e = Event {
                     at: wall(),
@@ -335,7 +384,10 @@ pub fn holders(w: &Watch) -> Vec<(f64, String, String)> {
     let mut last: std::collections::BTreeMap<String, String> = Default::default();
     let mut out = Vec::new();
     for e in w.events() {
-        let holder = e.object["spec"]["holderIdentity"].as_str().unwrap_or("").to_string();
+        let holder = e.object["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         let key = e.key();
         if last.get(&key) != Some(&holder) {
             last.insert(key.clone(), holder.clone());
@@ -356,7 +408,10 @@ pub fn ready_pods(w: &Watch) -> Vec<(f64, String, usize)> {
             && e.object["metadata"]["deletionTimestamp"].is_null()
             && e.object["status"]["conditions"]
                 .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                });
         ready.insert(key, is_ready);
         let n = ready
             .iter()
@@ -396,7 +451,12 @@ impl Prober {
                         .stderr(Stdio::piped())
                         .spawn()
                         .expect("kubectl");
-                    child.stdin.take().unwrap().write_all(o.to_string().as_bytes()).unwrap();
+                    child
+                        .stdin
+                        .take()
+                        .unwrap()
+                        .write_all(o.to_string().as_bytes())
+                        .unwrap();
                     let out = child.wait_with_output().expect("kubectl");
                     ran += 1;
                     if !out.status.success() {
@@ -451,9 +511,12 @@ pub fn probe_objects(manifest: &Path, ns: &str) -> Vec<Value> {
 pub fn klog_time(line: &str) -> Option<f64> {
     let head = line.get(1..21)?;
     let (md, time) = head.split_once(' ')?;
-    let year = k8s_openapi::jiff::Timestamp::now().strftime("%Y").to_string();
-    let ts: k8s_openapi::jiff::Timestamp = format!("{year}-{}-{}T{}Z", &md[..2], &md[2..4], time.trim())
-        .parse()
-        .ok()?;
+    let year = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y")
+        .to_string();
+    let ts: k8s_openapi::jiff::Timestamp =
+        format!("{year}-{}-{}T{}Z", &md[..2], &md[2..4], time.trim())
+            .parse()
+            .ok()?;
     Some(ts.as_nanosecond() as f64 / 1e9)
 }

@@ -7,9 +7,9 @@ use std::io::Write;
 use serde_json::json;
 use tokio::time::Instant;
 
+use super::super::common::now;
 use super::super::common::{Cluster, Result, WindowError};
 use super::super::move_plan::{self, BLOCK_MOVE, ClusterctlFlags};
-use super::super::common::now;
 use super::super::open::{OpenOptions, Taken, plan_open, prove, take};
 use super::child::{Child, ExitStatus, Signals};
 use super::cluster_api::{self, CLUSTERS, clusters_in, scan};
@@ -94,7 +94,10 @@ async fn stop_source(
     .await?;
     all.extend(source_taken);
     prove(&all, out).await?;
-    p.done(out, "both clusters' controllers are proven stopped, and serve their webhooks");
+    p.done(
+        out,
+        "both clusters' controllers are proven stopped, and serve their webhooks",
+    );
     note(target, window, |m| m.phase = "Copying".into()).await
 }
 
@@ -220,7 +223,10 @@ pub async fn dry_run(
         out,
         "handoff move --dry-run: what handoff would do around clusterctl move (nothing is written)"
     );
-    let _ = writeln!(out, "1. stop the target's controllers (proven while clusterctl starts and waits):");
+    let _ = writeln!(
+        out,
+        "1. stop the target's controllers (proven while clusterctl starts and waits):"
+    );
     let target_wait = plan_open(std::slice::from_ref(target), &opts.open, out).await?;
     let clusters = clusters_in(source, ns).await?;
     match move_plan::add_block_move(&clusters, &opts.window) {

@@ -102,7 +102,9 @@ pub async fn take_leases(
     // The former leader, while it has not yet noticed (its renew deadline): deleted, it
     // drains; left alone, it would exit mid-request.
     if !taken_from.is_empty() {
-        let ready = standby::ready_pods(c, &ch.namespace, &ch.name).await?.unwrap_or(0);
+        let ready = standby::ready_pods(c, &ch.namespace, &ch.name)
+            .await?
+            .unwrap_or(0);
         for pod in plan::leaders_to_delete(&taken_from, &ch.name, ready) {
             if standby::delete_pod(c, &ch.namespace, &pod).await? {
                 let _ = writeln!(

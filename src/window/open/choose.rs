@@ -131,7 +131,10 @@ pub async fn plan_open(
         let (served, down): (Vec<Finding>, Vec<Finding>) =
             findings.into_iter().partition(|f| leased(&choices, f));
         for line in preflight::by_deployment(&served) {
-            let _ = writeln!(out, "preflight: {line} (stopped by Lease: its webhooks keep serving)");
+            let _ = writeln!(
+                out,
+                "preflight: {line} (stopped by Lease: its webhooks keep serving)"
+            );
         }
         let verdict = match opts.allow_webhook_outage {
             true => "allowed by --allow-webhook-outage",
@@ -149,8 +152,13 @@ pub async fn plan_open(
                     longest = longest.max(l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS));
                 }
             }
-            let standby = match (&ch.plan, opts.standby && plan::needs_standby(ch.replicas, None)) {
-                (Stop::Lease(_), true) => "add a standby replica (1 → 2, back to 1 on close), then ",
+            let standby = match (
+                &ch.plan,
+                opts.standby && plan::needs_standby(ch.replicas, None),
+            ) {
+                (Stop::Lease(_), true) => {
+                    "add a standby replica (1 → 2, back to 1 on close), then "
+                }
                 _ => "",
             };
             let what = match &ch.plan {
@@ -175,7 +183,11 @@ pub async fn plan_open(
                     })
                     .collect::<Vec<_>>()
                     .join("; ")
-                    .replacen("Lease: would hold", &format!("Lease: would {standby}hold"), 1),
+                    .replacen(
+                        "Lease: would hold",
+                        &format!("Lease: would {standby}hold"),
+                        1,
+                    ),
                 Stop::Scale(PinPlan::AlreadyPinned(s)) => {
                     format!("Scale: already pinned (restores to {s})")
                 }

@@ -25,14 +25,14 @@ use crate::resources::move_window::{
     HeldLease, MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, StopPolicy,
     Strategy, WindowState,
 };
-use k8s_openapi::jiff::Timestamp;
 use crate::rules::move_window::OwnDeployment;
 use crate::rules::selector::Selector;
 use by_lease::{leased_record, proven_at, take_leases};
-pub use choose::Choice;
 use by_scale::{pin_deployment, wait_pods_gone, wait_policy_in_force};
+pub use choose::Choice;
 pub use choose::plan_open;
 use choose::{Stop, choose, leased};
+use k8s_openapi::jiff::Timestamp;
 
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
@@ -161,7 +161,10 @@ pub async fn ready_standbys(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write
         .iter()
         .filter(|ch| matches!(ch.plan, Stop::Lease(_)))
         .collect();
-    if !leased.iter().any(|ch| plan::needs_standby(ch.replicas, None)) {
+    if !leased
+        .iter()
+        .any(|ch| plan::needs_standby(ch.replicas, None))
+    {
         return Ok(());
     }
     window_at_least_closed(c, opts).await?;
@@ -469,7 +472,7 @@ async fn add_standbys(
         standby::scale(c, &ch.namespace, &ch.name, ch.replicas + 1).await?;
         let _ = writeln!(
             out,
-            "{}: {}: a standby replica ({} → {}), so that its webhooks keep a Ready pod when its only pod exits on losing its Lease",
+            "{}: {}: a standby replica ({} → {}), so that its webhooks keep a Ready pod while its leader goes",
             c.label,
             ch.what(),
             ch.replicas,
@@ -491,7 +494,10 @@ async fn add_standbys(
         )
         .await?
         {
-            let _ = writeln!(out, "warning: {why}; its Lease is taken without knowing that its standby is Ready");
+            let _ = writeln!(
+                out,
+                "warning: {why}; its Lease is taken without knowing that its standby is Ready"
+            );
         }
     }
     Ok(())
@@ -513,7 +519,10 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
     if let Some(until) = proofs.iter().map(|(_, _, t)| **t).max() {
         // The longest bound, named: the others end with it or before.
         if let Some((t, ch, _)) = proofs.iter().max_by_key(|(_, _, at)| **at) {
-            let left = until.duration_since(Timestamp::now()).as_secs_f64().max(0.0);
+            let left = until
+                .duration_since(Timestamp::now())
+                .as_secs_f64()
+                .max(0.0);
             let _ = writeln!(
                 out,
                 "waiting {left:.0}s, until {until}, for the former leaders of {} Deployment{} to be unable to lead (the last: {}: {})",
@@ -529,7 +538,9 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
         let c = &t.cluster;
         for (ch, held, _) in &t.leased {
             for h in held {
-                if let Some(holder) = lease::taken_from(c, &ch.namespace, &h.name, &t.opts.name).await? {
+                if let Some(holder) =
+                    lease::taken_from(c, &ch.namespace, &h.name, &t.opts.name).await?
+                {
                     return Err(WindowError::Refused {
                         cluster: c.label.clone(),
                         message: format!(
@@ -537,7 +548,11 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
                             ch.what(),
                             ch.namespace,
                             h.name,
-                            if holder.is_empty() { "nobody (written free by someone)" } else { &holder },
+                            if holder.is_empty() {
+                                "nobody (written free by someone)"
+                            } else {
+                                &holder
+                            },
                             t.opts.name
                         ),
                     });
@@ -582,12 +597,7 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
     }
     for t in taken {
         if !t.opts.wait_timeout.is_zero() {
-            wait_pods_gone(
-                &[(t.cluster.clone(), t.scaled.clone())],
-                &t.opts,
-                out,
-            )
-            .await?;
+            wait_pods_gone(&[(t.cluster.clone(), t.scaled.clone())], &t.opts, out).await?;
         }
     }
     for t in taken {

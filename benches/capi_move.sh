@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# benches/capi_move.sh [CLUSTERS] - `handoff move` against plain `clusterctl move` on the real
+# Cluster API (../shared/capi: real clusterctl, core, kubeadm bootstrap and control-plane, CAPD
+# in-memory managers, shipped manifests and leader-election settings), with CLUSTERS workload
+# clusters (default 1; BENCHMARKS.md has 1 and 10) in one namespace:
+#   1. two management clusters (up.sh), handoff registered on both (the local overlay);
+#   2. CLUSTERS workload clusters in namespace `many` of the source, and as many in `plain`;
+#   3. `clusterctl move -n plain`, timed; then `handoff move -n many`, timed, its memory (max RSS)
+#      and every API request it made (kube's debug log: method and path, counted);
+#   4. what each cluster's summary line says, and the move's own phases.
+# Everything runs in a network namespace of its own and is stopped at the end (KEEP=1 keeps it).
+# Needs root, kubectl, python3 with PyYAML, iproute2, util-linux, xz-utils, openssl; cargo build
+# first (target/debug/handoff). Prints a summary line per figure; the full logs stay in $W.
+set -uo pipefail
+if [[ -z ${HANDOFF_BENCH_NETNS:-} ]]; then exec env HANDOFF_BENCH_NETNS=1 unshare -n "$0" "$@"; fi
+ip link set lo up
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+S=$(cd "$HERE/../shared/capi" && pwd)
+export CAPI_ROOT=${CAPI_ROOT:-$("$S/unpack.sh")}
+export CLUSTERCTL_DISABLE_VERSIONCHECK=true XDG_CONFIG_HOME=$CAPI_ROOT/xdg TZ=UTC
+H=${HANDOFF:-$HERE/target/debug/handoff}
+N=${1:-1}
+W=${W:-$(mktemp -d /tmp/handoff-capi-bench.XXXXXX)}
+say() { echo "[bench +$SECONDS s] $*"; }
+now() { date +%s.%N; }
+since() { python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$1"; }
+cleanup() {
+  [[ -n ${KEEP:-} ]] && { say "KEEP=1: nsenter -t $$ -n; kill $$ to stop"; sleep infinity; }
+  kill $(jobs -p) 2>/dev/null
+  "$S/down.sh" "$W/src" >/dev/null 2>&1; "$S/down.sh" "$W/dst" >/dev/null 2>&1
+}
+trap cleanup EXIT
+
+"$S/up.sh" "$W/src" src >"$W/src.kc" 2>"$W/up-src.log" & a=$!
+"$S/up.sh" "$W/dst" dst >"$W/dst.kc" 2>"$W/up-dst.log" & b=$!
+wait $a && wait $b || { cat "$W"/up-*.log; exit 1; }
+SRC=$(cat "$W/src.kc") DST=$(cat "$W/dst.kc")
+say "two management clusters up"
+
+cp -r "$HERE/manifests" "$W/manifests"
+"$H" certs --out "$W/manifests/overlays/local/certs" --ip 127.0.0.1 --dns localhost >/dev/null
+port=18443
+for kc in "$SRC" "$DST"; do
+  port=$((port + 1))
+  "$H" serve --listen 127.0.0.1:$port --metrics-listen 127.0.0.1:$((port + 100)) --kubeconfig "$kc" \
+    --tls-cert "$W/manifests/overlays/local/certs/tls.crt" --tls-key "$W/manifests/overlays/local/certs/tls.key" \
+    >"$W/serve-$port.log" 2>&1 &
+  kubectl kustomize "$W/manifests/overlays/local" | sed "s#https://127.0.0.1:8443/#https://127.0.0.1:$port/#" |
+    kubectl --kubeconfig "$kc" apply -f - >/dev/null
+done
+
+pids=()
+for ns in many plain; do
+  for i in $(seq 1 "$N"); do
+    "$S/workload.sh" "$SRC" $ns wl$i 1 >"$W/workload-$ns-$i.log" 2>&1 & pids+=($!)
+  done
+done
+for p in "${pids[@]}"; do wait "$p" || { tail -5 "$W"/workload-*.log; exit 1; }; done
+say "$N workload clusters in each of namespaces many and plain"
+
+t=$(now)
+clusterctl_out=$("$CAPI_ROOT/bin/clusterctl" move --kubeconfig "$SRC" --to-kubeconfig "$DST" -n plain 2>&1) ||
+  { echo "$clusterctl_out"; exit 1; }
+plain=$(since "$t")
+say "plain clusterctl move of $N clusters: ${plain}s"
+
+t=$(now)
+RUST_LOG=info,kube_client=debug python3 - "$H" move --kubeconfig "$SRC" --to-kubeconfig "$DST" -n many \
+  --clusterctl "$CAPI_ROOT/bin/clusterctl" >"$W/handoff-move.log" 2>&1 <<'EOF'
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:]).returncode
+print(f"max RSS of handoff move and clusterctl: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} KiB", file=sys.stderr)
+sys.exit(rc)
+EOF
+rc=$?
+took=$(since "$t")
+((rc == 0)) || { tail -40 "$W/handoff-move.log"; exit 1; }
+say "handoff move of $N clusters: ${took}s"
+grep -E "moved in|were stopped for|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
+# Every request handoff made (kube_client's "requesting" event, inside its HTTP span).
+grep 'requesting' "$W/handoff-move.log" | sed -E 's/.*http.method=([A-Z]+) http.url=([^ ]+).*/\1 \2/' |
+  sed -E 's#\?.*##; s#/namespaces/[^/]+/#/namespaces/NS/#; s#(/[a-z0-9.-]+s)/[a-z0-9.-]+(/status)?$#\1/NAME\2#' |
+  sort | uniq -c | sort -rn >"$W/requests.txt"
+say "handoff's API requests: $(awk '{s+=$1} END {print s}' "$W/requests.txt") in all; the most frequent:"
+head -15 "$W/requests.txt" | sed 's/^/  /'
+say "logs in $W"
