@@ -436,7 +436,7 @@ async fn release_leases(
             })
             .await?;
             let _ = match &released {
-                lease::Released::Released => {
+                lease::Released::Freed => {
                     writeln!(out, "{}: released Lease {ns}/{l}", c.label)
                 }
                 lease::Released::AlreadyFree => {

@@ -145,7 +145,7 @@ pub async fn take(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Released {
     /// The window held it, and wrote it free.
-    Released,
+    Freed,
     /// Nothing of the window's on it (released already, or gone).
     AlreadyFree,
     /// Someone else holds it since (the holder identity, empty when nobody does): never
@@ -161,10 +161,7 @@ pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<
             return Ok(Released::AlreadyFree);
         };
         let (patch, done) = if l.window() == Some(window) {
-            (
-                plan::release_patch(&l, Timestamp::now()),
-                Released::Released,
-            )
+            (plan::release_patch(&l, Timestamp::now()), Released::Freed)
         } else if let Some((w, holder)) = l.taken_back()
             && w == window
         {

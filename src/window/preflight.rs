@@ -39,7 +39,9 @@ impl std::fmt::Display for Finding {
 /// fail-closed webhooks, 1 conversion)`, in the order first found.
 pub fn by_deployment(findings: &[Finding]) -> Vec<String> {
     let mut order: Vec<(&str, &str)> = Vec::new();
-    let mut services: BTreeMap<(&str, &str), BTreeMap<&str, (usize, usize)>> = BTreeMap::new();
+    // (cluster, deployment) → service → (webhooks, conversions)
+    type Backs<'a> = BTreeMap<&'a str, (usize, usize)>;
+    let mut services: BTreeMap<(&str, &str), Backs> = BTreeMap::new();
     for f in findings {
         let key = (f.cluster.as_str(), f.deployment.as_str());
         if !order.contains(&key) {

@@ -422,12 +422,15 @@ pub fn ready_pods(w: &Watch) -> Vec<(f64, String, usize)> {
     out
 }
 
+/// A probe that failed: when, on which cluster, of which kind, and the error.
+pub type Failed = (f64, String, String, String);
+
 /// Server-side dry-run creates through every fail-closed webhook of the workload's kinds, one
 /// object per cluster a tick, for as long as it runs: `(at, cluster, kind, error)` of each that
 /// failed, and how many ran.
 pub struct Prober {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<(usize, Vec<(f64, String, String, String)>)>>,
+    thread: Option<std::thread::JoinHandle<(usize, Vec<Failed>)>>,
 }
 
 impl Prober {
@@ -479,7 +482,7 @@ impl Prober {
         }
     }
 
-    pub fn finish(mut self) -> (usize, Vec<(f64, String, String, String)>) {
+    pub fn finish(mut self) -> (usize, Vec<Failed>) {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take().expect("thread").join().expect("prober")
     }

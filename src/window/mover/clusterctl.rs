@@ -106,21 +106,34 @@ async fn stop_source(
 /// handoff's block-move so that clusterctl copies. SIGINT and SIGTERM go to clusterctl first,
 /// also while the source is being stopped (then handoff's block-move stays until clusterctl
 /// has stopped, so nothing is copied).
+/// How the source's controllers are stopped while clusterctl runs.
+pub enum SourceStop<'a> {
+    /// Stopped already (a re-run after clusterctl had begun deleting), and the target proven.
+    Already,
+    /// Once clusterctl has paused the source: taken with these options, and proven together
+    /// with the target's (taken, not yet proven).
+    AfterPause {
+        opts: &'a OpenOptions,
+        target: Vec<Taken>,
+    },
+}
+
 pub async fn run_clusterctl(
     source: &Cluster,
     target: &Cluster,
-    source_opts: &OpenOptions,
-    target_taken: Vec<Taken>,
+    stop: SourceStop<'_>,
     opts: &MoveOptions,
-    stopped_already: bool,
     signals: &mut Signals,
     out: &mut dyn Write,
 ) -> Result<Ran> {
     let ns = &opts.flags.namespace;
-    let mut target_taken = Some(target_taken);
+    let (source_opts, mut target_taken) = match stop {
+        SourceStop::Already => (None, None),
+        SourceStop::AfterPause { opts, target } => (Some(opts), Some(target)),
+    };
     let mut child = Child::spawn(&opts.clusterctl, &opts.flags, source)?;
     let mut interrupted = false;
-    let mut source_stopped = stopped_already.then(Instant::now);
+    let mut source_stopped = source_opts.is_none().then(Instant::now);
     let mut last_wait = None;
     let mut tick = tokio::time::interval(opts.poll);
     let forward = |child: &Child, sig: i32, out: &mut dyn Write| {
@@ -163,7 +176,7 @@ pub async fn run_clusterctl(
                 }
                 let paused: Vec<String> = clusters.iter().filter(|c| c.paused).map(|c| c.key.clone()).collect();
                 let stopped = tokio::select! {
-                    r = stop_source(source, target, source_opts, target_taken.take().unwrap_or_default(), &opts.window, &paused, out) => Some(r),
+                    r = stop_source(source, target, source_opts.expect("stopped after the pause"), target_taken.take().unwrap_or_default(), &opts.window, &paused, out) => Some(r),
                     sig = signals.next() => {
                         interrupted = true;
                         child.signal(sig);

@@ -22,7 +22,7 @@ use super::open::{OpenOptions, Taken, check, open, prove, ready_standbys, take};
 use crate::resources::move_window::{MoveRecord, WindowState};
 use child::Signals;
 use cluster_api::{CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in, scan};
-use clusterctl::{dry_run, lift_block_move, render_args, run_clusterctl};
+use clusterctl::{SourceStop, dry_run, lift_block_move, render_args, run_clusterctl};
 use restore::{abort, finish, restore, unpause, unpause_what_clusterctl_paused};
 
 #[derive(Debug, Clone)]
@@ -341,7 +341,11 @@ pub async fn run(
             out,
             &format!("running {} {}", opts.clusterctl.display(), render_args(&opts.flags)),
         );
-        let ran = run_clusterctl(source, target, &source_opts, target_taken, opts, source_stopped_already, &mut signals, out).await?;
+        let stop = match source_stopped_already {
+            true => SourceStop::Already,
+            false => SourceStop::AfterPause { opts: &source_opts, target: target_taken },
+        };
+        let ran = run_clusterctl(source, target, stop, opts, &mut signals, out).await?;
         p.done(out, &format!("clusterctl exited {}", ran.status.describe()));
         Ok(ran)
     }
