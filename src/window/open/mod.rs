@@ -518,11 +518,10 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
         .collect();
     if let Some(until) = proofs.iter().map(|(_, _, t)| **t).max() {
         // The longest bound, named: the others end with it or before.
-        if let Some((t, ch, _)) = proofs.iter().max_by_key(|(_, _, at)| **at) {
-            let left = until
-                .duration_since(Timestamp::now())
-                .as_secs_f64()
-                .max(0.0);
+        let left = until.duration_since(Timestamp::now()).as_secs_f64();
+        if let Some((t, ch, _)) = proofs.iter().max_by_key(|(_, _, at)| **at)
+            && left >= 0.5
+        {
             let _ = writeln!(
                 out,
                 "waiting {left:.0}s, until {until}, for the former leaders of {} Deployment{} to be unable to lead (the last: {}: {})",
