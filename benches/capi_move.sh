@@ -21,8 +21,10 @@ export CLUSTERCTL_DISABLE_VERSIONCHECK=true XDG_CONFIG_HOME=$CAPI_ROOT/xdg TZ=UT
 H=${HANDOFF:-$HERE/target/debug/handoff}
 N=${1:-1}
 W=${W:-$(mktemp -d /tmp/handoff-capi-bench.XXXXXX)}
+mkdir -p "$W"
 say() { echo "[bench +$SECONDS s] $*"; }
 now() { date +%s.%N; }
+server() { kubectl --kubeconfig "$1" config view --minify -o jsonpath='{.clusters[0].cluster.server}'; }
 since() { python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$1"; }
 cleanup() {
   [[ -n ${KEEP:-} ]] && { say "KEEP=1: nsenter -t $$ -n; kill $$ to stop"; sleep infinity; }
@@ -79,6 +81,7 @@ say "handoff move of $N clusters: ${took}s"
 grep -E "moved in|were stopped for|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
 # Every request handoff made (kube_client's "requesting" event, inside its HTTP span).
 grep 'requesting' "$W/handoff-move.log" | sed -E 's/.*http.method=([A-Z]+) http.url=([^ ]+).*/\1 \2/' |
+  sed -E "s#$(server "$SRC")#src #; s#$(server "$DST")#dst #" |
   sed -E 's#\?.*##; s#/namespaces/[^/]+/#/namespaces/NS/#; s#(/[a-z0-9.-]+s)/[a-z0-9.-]+(/status)?$#\1/NAME\2#' |
   sort | uniq -c | sort -rn >"$W/requests.txt"
 say "handoff's API requests: $(awk '{s+=$1} END {print s}' "$W/requests.txt") in all; the most frequent:"

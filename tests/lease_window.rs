@@ -128,8 +128,8 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
         "stopped by Lease, its webhooks keep serving",
         "source: pinned capd-system/capd-controller-manager to 0 replicas (was 1)",
         "waiting",
-        "source: capi-system/capi-controller-manager is stopped",
-        "target: capi-system/capi-controller-manager is stopped",
+        "source: stopped and serving: capi-system/capi-controller-manager",
+        "target: stopped and serving: capi-system/capi-controller-manager",
     ] {
         assert!(log.contains(want), "open did not say {want:?}:\n{log}");
     }
@@ -468,7 +468,7 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
     let log = text(&again.stderr);
     assert!(again.status.success(), "{log}");
     assert!(
-        log.contains("already held") && log.contains("is stopped"),
+        log.contains("already held") && log.contains("stopped and serving"),
         "{log}"
     );
     let close = handoff(&target.api, NOBODY, &["window", "close", "again"]);

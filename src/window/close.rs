@@ -372,6 +372,19 @@ async fn release_leases(
             back.push((*p, count));
         }
     }
+    let scaled: Vec<String> = back
+        .iter()
+        .filter(|(p, count)| *count == p.saved_replicas)
+        .map(|(p, count)| format!("{}/{} ({count})", p.namespace, p.name))
+        .collect();
+    if !scaled.is_empty() {
+        let _ = writeln!(
+            out,
+            "{}: the standbys go, back to: {}",
+            c.label,
+            scaled.join(", ")
+        );
+    }
     for (p, count) in back {
         if let standby::Proof::Unreported(why) = standby::wait_settled(
             c,
@@ -436,9 +449,8 @@ async fn release_leases(
             })
             .await?;
             let _ = match &released {
-                lease::Released::Freed => {
-                    writeln!(out, "{}: released Lease {ns}/{l}", c.label)
-                }
+                // Said with the pod that leads again, below.
+                lease::Released::Freed => Ok(()),
                 lease::Released::AlreadyFree => {
                     writeln!(out, "{}: Lease {ns}/{l} already released", c.label)
                 }
@@ -587,12 +599,6 @@ async fn scale_back_standby(
             // Unreported: said once the scale-down settles (or does not).
             let _ = standby::wait_ready(c, ns, name, count, opts.lead_timeout, opts.poll).await?;
             standby::scale(c, ns, name, count).await?;
-            let _ = writeln!(
-                out,
-                "{}: {ns}/{name} back to {count} replica{} (the standby goes)",
-                c.label,
-                if count == 1 { "" } else { "s" }
-            );
             Ok(Some(count))
         }
         // Scaled back already (a run that died before it recorded so).

@@ -109,7 +109,7 @@ pub async fn take_leases(
             if standby::delete_pod(c, &ch.namespace, &pod).await? {
                 let _ = writeln!(
                     out,
-                    "{}: deleted Pod {}/{pod}, the former leader, so that it drains its webhooks instead of exiting on \"leader election lost\" (its ReplicaSet replaces it)",
+                    "{}: deleted the former leader's Pod {}/{pod}: it drains its webhooks instead of exiting mid-request (its ReplicaSet replaces it)",
                     c.label, ch.namespace
                 );
             }

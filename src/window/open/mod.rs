@@ -445,6 +445,7 @@ async fn add_standbys(
     out: &mut dyn Write,
 ) -> Result<()> {
     let mut standbys = Vec::new();
+    let mut added = Vec::new();
     for ch in leased {
         let rec = status
             .pinned
@@ -470,15 +471,16 @@ async fn add_standbys(
         })
         .await?;
         standby::scale(c, &ch.namespace, &ch.name, ch.replicas + 1).await?;
+        added.push(ch.what());
+        standbys.push((*ch, ch.replicas + 1));
+    }
+    if !added.is_empty() {
         let _ = writeln!(
             out,
-            "{}: {}: a standby replica ({} → {}), so that its webhooks keep a Ready pod while its leader goes",
+            "{}: a standby replica (1 → 2), so that the webhooks keep a Ready pod while the leader goes: {}",
             c.label,
-            ch.what(),
-            ch.replicas,
-            ch.replicas + 1
+            added.join(", ")
         );
-        standbys.push((*ch, ch.replicas + 1));
     }
     if !wait {
         return Ok(());
@@ -586,11 +588,18 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
                 s.last_step = Some(format!("stopped {}", ch.what()));
             })
             .await?;
+        }
+        if !t.leased.is_empty() {
             let _ = writeln!(
                 out,
-                "{}: {} is stopped: no replica can be leading since {at}; its pods keep serving webhooks",
+                "{}: stopped and serving: {} (no former leader can be leading since {}; a Ready pod each)",
                 c.label,
-                ch.what()
+                t.leased
+                    .iter()
+                    .map(|(ch, _, _)| ch.what())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                t.proven_at()
             );
         }
     }
