@@ -52,12 +52,15 @@ for kc in "$SRC" "$DST"; do
 done
 
 pids=()
+# The namespaces first: workload.sh creates its own, and ten at once race to.
+kubectl --kubeconfig "$SRC" create namespace many >/dev/null
+kubectl --kubeconfig "$SRC" create namespace plain >/dev/null
 for ns in many plain; do
   for i in $(seq 1 "$N"); do
     "$S/workload.sh" "$SRC" $ns wl$i 1 >"$W/workload-$ns-$i.log" 2>&1 & pids+=($!)
   done
 done
-for p in "${pids[@]}"; do wait "$p" || { tail -5 "$W"/workload-*.log; exit 1; }; done
+for p in "${pids[@]}"; do wait "$p" || { tail -n 5 "$W"/workload-*.log; exit 1; }; done
 say "$N workload clusters in each of namespaces many and plain"
 
 t=$(now)

@@ -777,7 +777,11 @@ fn check_in_cluster(r: &Rendered) {
                 strings(&["leases"]),
                 strings(&["get", "list", "patch"])
             ),
-            (strings(&[""]), strings(&["pods"]), strings(&["delete"]))
+            (
+                strings(&[""]),
+                strings(&["pods"]),
+                strings(&["get", "delete"])
+            )
         ]
     );
     assert_eq!(

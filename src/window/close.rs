@@ -123,12 +123,22 @@ async fn close_one(
         }
         let mut restored = Vec::new();
         for (ns, l) in orphans {
-            if lease::release(c, &ns, &l, &opts.name).await? != lease::Released::AlreadyFree {
-                let _ = writeln!(
-                    out,
-                    "{}: there is no MoveWindow {} any more; released Lease {ns}/{l}, which it still held",
-                    c.label, opts.name
-                );
+            let released = lease::release(c, &ns, &l, &opts.name).await?;
+            if released != lease::Released::AlreadyFree {
+                let _ = match &released {
+                    lease::Released::TakenBack(holder) => writeln!(
+                        out,
+                        "{}: there is no MoveWindow {} any more; Lease {ns}/{l} still carried its label, held by {} since: removed the label, left the holder",
+                        c.label,
+                        opts.name,
+                        who(holder)
+                    ),
+                    _ => writeln!(
+                        out,
+                        "{}: there is no MoveWindow {} any more; released Lease {ns}/{l}, which it still held",
+                        c.label, opts.name
+                    ),
+                };
                 restored.push(Restored {
                     cluster: c.label.clone(),
                     deployment: format!("{ns}/(Lease {l})"),

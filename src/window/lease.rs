@@ -233,11 +233,19 @@ pub async fn leader(c: &Cluster, ns: &str, name: &str, deployment: &str) -> Resu
         .and_then(|l| plan::leader_of(&l, deployment).map(str::to_string)))
 }
 
-/// The window that holds it now, by its holder identity, and that identity (for `status`).
-pub async fn held_by(c: &Cluster, ns: &str, name: &str) -> Result<(Option<String>, String)> {
+/// The window that holds it now, by its holder identity; that identity; and the window a hold
+/// taken back still names by its label (for `status`).
+pub async fn held_by(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+) -> Result<(Option<String>, String, Option<String>)> {
     Ok(read(c, ns, name)
         .await?
-        .map(|l| (l.window().map(str::to_string), l.holder))
+        .map(|l| {
+            let back = l.taken_back().map(|(w, _)| w.to_string());
+            (l.window().map(str::to_string), l.holder, back)
+        })
         .unwrap_or_default())
 }
 

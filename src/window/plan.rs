@@ -266,7 +266,8 @@ pub fn choose_stop(
 /// A Lease this window holds for another operator: writing it again (a re-run) or releasing it
 /// would be refused by the guard halfway, so the run is refused before it writes anything.
 pub fn held_for_another(l: &LeaseSeen, window: &str, me: &str) -> Option<String> {
-    if l.window() != Some(window) {
+    // Taken back, its label still names the window, and the guard still reads it.
+    if l.window() != Some(window) && l.held_by.as_deref() != Some(window) {
         return None;
     }
     let op = l.operator.as_deref().unwrap_or("");
@@ -408,9 +409,6 @@ pub fn standby_back(p: &PinnedDeployment, replicas_now: i32) -> Option<i32> {
 /// leader left alone exits on "leader election lost" with its graceful shutdown skipped,
 /// failing the requests it is serving, and restarts in CrashLoopBackOff.
 pub fn leaders_to_delete(former_holders: &[String], deployment: &str, ready: i32) -> Vec<String> {
-    if ready < 2 {
-        return vec![];
-    }
     let mut pods: Vec<String> = former_holders
         .iter()
         .filter_map(|h| pod_of_identity(h))
@@ -419,7 +417,28 @@ pub fn leaders_to_delete(former_holders: &[String], deployment: &str, ready: i32
         .collect();
     pods.sort();
     pods.dedup();
-    pods
+    // At least one Ready pod stays, whichever of these are Ready.
+    match i32::try_from(pods.len()) {
+        Ok(n) if ready - n >= 1 => pods,
+        _ => vec![],
+    }
+}
+
+/// Whether a Pod is one of `deployment`'s, by its owner: a ReplicaSet that the Deployment
+/// controller names `<deployment>-<pod-template-hash>`, and whose name the pod's begins with.
+/// The name alone could be another workload's (a StatefulSet `<deployment>-x` has a pod
+/// `<deployment>-x-0`).
+pub fn owned_by_deployment(pod: &str, owners: &[(String, String)], deployment: &str) -> bool {
+    owners.iter().any(|(kind, rs)| {
+        kind == "ReplicaSet"
+            && rs
+                .strip_prefix(deployment)
+                .and_then(|h| h.strip_prefix('-'))
+                .is_some_and(|h| !h.is_empty() && !h.contains('-'))
+            && pod
+                .strip_prefix(rs.as_str())
+                .is_some_and(|r| r.starts_with('-'))
+    })
 }
 
 /// When a former leader is proven stopped. client-go's `renew` (`leaderelection.go`) retries
@@ -662,6 +681,11 @@ mod tests {
         assert_eq!(held_for_another(&held, "other", "bob"), None);
         let free = lease("l", "capi-controller-manager-7d9f8b6c4-x2k4j_u1");
         assert_eq!(held_for_another(&free, "move", "bob"), None);
+        // Taken back by a pod, labelled still: the guard still lets only alice write it.
+        let mut back = held.clone();
+        back.holder = free.holder.clone();
+        assert!(held_for_another(&back, "move", "bob").is_some());
+        assert_eq!(held_for_another(&back, "move", "alice"), None);
     }
 
     #[test]
@@ -785,6 +809,36 @@ mod tests {
             leaders_to_delete(&[String::new()], CAPI, 3).is_empty(),
             "nobody led"
         );
+        // Two Leases led by two pods, two Ready pods: deleting both would leave none.
+        let two = [
+            "capi-controller-manager-7d9f8b6c4-aaaaa_u1".to_string(),
+            "capi-controller-manager-7d9f8b6c4-bbbbb_u2".to_string(),
+        ];
+        assert!(leaders_to_delete(&two, CAPI, 2).is_empty());
+        assert_eq!(leaders_to_delete(&two, CAPI, 3).len(), 2);
+        let rs = |k: &str, n: &str| vec![(k.to_string(), n.to_string())];
+        let pod = "capi-controller-manager-7d9f8b6c4-x2k4j";
+        assert!(owned_by_deployment(
+            pod,
+            &rs("ReplicaSet", "capi-controller-manager-7d9f8b6c4"),
+            CAPI
+        ));
+        assert!(!owned_by_deployment(
+            pod,
+            &rs("StatefulSet", "capi-controller-manager-7d9f8b6c4"),
+            CAPI
+        ));
+        assert!(!owned_by_deployment(
+            pod,
+            &rs("ReplicaSet", "capi-controller-manager-extra-7d9f8b6c4"),
+            CAPI
+        ));
+        assert!(!owned_by_deployment(
+            pod,
+            &rs("ReplicaSet", "other-7d9f8b6c4"),
+            CAPI
+        ));
+        assert!(!owned_by_deployment(pod, &[], CAPI));
     }
 
     #[test]

@@ -71,14 +71,18 @@ async fn counts(c: &Cluster, ns: &str, name: &str) -> Result<Counts> {
 /// The Deployment's Ready pods, where its status says (`None`: gone or unreported).
 pub async fn ready_pods(c: &Cluster, ns: &str, name: &str) -> Result<Option<i32>> {
     Ok(match counts(c, ns, name).await? {
-        Counts::Seen { ready, .. } => Some(ready),
+        Counts::Seen {
+            ready,
+            observed: true,
+            ..
+        } => Some(ready),
         _ => None,
     })
 }
 
-/// Delete a pod (gracefully: its own termination grace period); `false` where it is gone or
-/// terminating already.
-pub async fn delete_pod(c: &Cluster, ns: &str, pod: &str) -> Result<bool> {
+/// Delete a pod of `deployment` (gracefully: its own termination grace period), checked by
+/// its owner; `false` where it is gone, terminating already, or not the Deployment's.
+pub async fn delete_pod(c: &Cluster, ns: &str, pod: &str, deployment: &str) -> Result<bool> {
     let api = Api::<Pod>::namespaced(c.client.clone(), ns);
     let Some(p) = api
         .get_opt(pod)
@@ -87,7 +91,16 @@ pub async fn delete_pod(c: &Cluster, ns: &str, pod: &str) -> Result<bool> {
     else {
         return Ok(false);
     };
-    if p.metadata.deletion_timestamp.is_some() {
+    let owners: Vec<(String, String)> = p
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| (o.kind.clone(), o.name.clone()))
+        .collect();
+    if p.metadata.deletion_timestamp.is_some()
+        || !super::plan::owned_by_deployment(pod, &owners, deployment)
+    {
         return Ok(false);
     }
     match api.delete(pod, &DeleteParams::default()).await {

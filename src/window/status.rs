@@ -56,6 +56,8 @@ pub struct LeaseReport {
     pub held_by: Option<String>,
     /// Its holder identity now (a pod's, where the Lease was taken back or released).
     pub holder: String,
+    /// The window its label still names while another holder (or nobody) holds it.
+    pub taken_back: Option<String>,
     pub former_holder: String,
     pub former_lease_duration_seconds: i32,
     pub held_since: Option<String>,
@@ -106,10 +108,11 @@ pub async fn status(
                     .find(|p| p.namespace == ns && p.name == dname);
                 let mut leases = Vec::new();
                 for l in rec.map(|p| p.leases.as_slice()).unwrap_or_default() {
-                    let (held_by, holder) = lease::held_by(c, &ns, &l.name).await?;
+                    let (held_by, holder, taken_back) = lease::held_by(c, &ns, &l.name).await?;
                     leases.push(LeaseReport {
                         held_by,
                         holder,
+                        taken_back,
                         name: l.name.clone(),
                         former_holder: l.former_holder.clone(),
                         former_lease_duration_seconds: l.former_lease_duration_seconds,
@@ -209,9 +212,13 @@ pub fn render_table(views: &[WindowReport]) -> String {
                     (Some(w), _) if *w == v.name => "held".to_string(),
                     (Some(w), _) => format!("held by MoveWindow {w}"),
                     (None, Some(_)) => "released".to_string(),
-                    (None, None) if l.held_since.is_some() && !l.holder.is_empty() => format!(
+                    (None, None) if l.taken_back.as_deref() == Some(v.name.as_str()) => format!(
                         "TAKEN BACK: held by {} although the window never released it (its controllers may be running)",
-                        l.holder
+                        if l.holder.is_empty() {
+                            "nobody (written free by someone)"
+                        } else {
+                            &l.holder
+                        }
                     ),
                     (None, None) => "not held".to_string(),
                 };

@@ -192,6 +192,8 @@ pub async fn run(
             {
                 close(std::slice::from_ref(source), &opts.close, out).await?;
             }
+            // It runs again: its stop counts anew.
+            note(target, &opts.window, |m| m.source_stopped_at = None).await?;
             unpause_what_clusterctl_paused(source, target, opts, &r, out).await?;
             p.done(out, "the source runs again, the target stays stopped");
         }
@@ -300,15 +302,17 @@ pub async fn run(
                     proven_at.as_deref().unwrap_or("once taken")
                 ),
             );
-            // The source's standbys now, while its controllers run: its stop, once clusterctl
-            // has paused it, then only takes the Leases.
-            ready_standbys(source, &source_opts, out).await?;
             target_taken
         }
     };
 
     // From here on every way out lifts handoff's block-move and records why.
     let moved = async {
+        // The source's standbys now, while its controllers run: its stop, once clusterctl
+        // has paused it, then only takes the Leases.
+        if !source_stopped_already {
+            ready_standbys(source, &source_opts, out).await?;
+        }
         // 2. handoff's block-move on each source Cluster, so that clusterctl's wait includes
         // handoff's: recorded before written, so a run that dies after the write still lifts it.
         note(target, &opts.window, |m| {
@@ -399,7 +403,7 @@ pub async fn run(
     if ran.source_stopped.is_none() {
         let _ = writeln!(
             out,
-            "warning: clusterctl finished without waiting for handoff's block-move: the source's controllers were not stopped during the copy"
+            "warning: clusterctl finished without waiting for handoff's block-move (does this clusterctl honour clusterctl.cluster.x-k8s.io/block-move?): neither cluster's controllers were proven stopped before the copy"
         );
     }
     note(target, &opts.window, |m| {

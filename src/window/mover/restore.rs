@@ -13,7 +13,7 @@ use super::super::move_plan::{self, BLOCK_MOVE, PAUSED_ANNOTATION};
 use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in};
 use super::clusterctl::lift_block_move;
 use super::{MoveOptions, note, phase, read_record};
-use crate::resources::move_window::{MoveRecord, Strategy};
+use crate::resources::move_window::{MoveRecord, MoveRole, Strategy};
 
 /// Unpause what clusterctl paused: Clusters (`spec.paused`) and ClusterClasses (the paused
 /// annotation), as a re-run needs them.
@@ -89,12 +89,8 @@ pub async fn restore(
     restored: &mut Vec<Restored>,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let done = restore_each([target, source], opts, restored, out).await?;
-    note(target, &opts.window, |m| {
-        m.target_back_at = Some(done[0].to_string());
-        m.source_back_at = Some(done[1].to_string());
-    })
-    .await
+    restore_each([target, source], opts, restored, out).await?;
+    Ok(())
 }
 
 /// Close the window on each cluster in the order given (one that has none is skipped); when
@@ -113,6 +109,21 @@ pub async fn restore_each(
         }
         p.done(out, &format!("the {}'s controllers run again", c.label));
         done[i] = Timestamp::now();
+        // When this cluster first ran again: a re-run that finds it restored keeps it.
+        let at = done[i].to_string();
+        let role = c.role;
+        let target = order
+            .iter()
+            .find(|c| c.role == Some(MoveRole::Target))
+            .unwrap_or(&order[0]);
+        note(target, &opts.window, |m| {
+            let field = match role {
+                Some(MoveRole::Source) => &mut m.source_back_at,
+                _ => &mut m.target_back_at,
+            };
+            field.get_or_insert_with(|| at.clone());
+        })
+        .await?;
     }
     Ok(done)
 }

@@ -106,7 +106,7 @@ pub async fn take_leases(
             .await?
             .unwrap_or(0);
         for pod in plan::leaders_to_delete(&taken_from, &ch.name, ready) {
-            if standby::delete_pod(c, &ch.namespace, &pod).await? {
+            if standby::delete_pod(c, &ch.namespace, &pod, &ch.name).await? {
                 let _ = writeln!(
                     out,
                     "{}: deleted the former leader's Pod {}/{pod}: it drains its webhooks instead of exiting mid-request (its ReplicaSet replaces it)",

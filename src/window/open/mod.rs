@@ -452,6 +452,12 @@ async fn add_standbys(
             .iter()
             .find(|p| p.namespace == ch.namespace && p.name == ch.name);
         if let Some(p) = rec.filter(|p| p.standby && p.restored_at.is_none()) {
+            // Recorded, and maybe not there: a run that died between the record and the
+            // scale, a close that scaled back and died, a GitOps tool that reverted it.
+            if ch.replicas <= p.saved_replicas {
+                standby::scale(c, &ch.namespace, &ch.name, p.saved_replicas + 1).await?;
+                added.push(ch.what());
+            }
             standbys.push((*ch, p.saved_replicas + 1));
             continue;
         }
@@ -537,29 +543,6 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
     }
     for t in taken {
         let c = &t.cluster;
-        for (ch, held, _) in &t.leased {
-            for h in held {
-                if let Some(holder) =
-                    lease::taken_from(c, &ch.namespace, &h.name, &t.opts.name).await?
-                {
-                    return Err(WindowError::Refused {
-                        cluster: c.label.clone(),
-                        message: format!(
-                            "{}: Lease {}/{} was taken back by {} while MoveWindow {} held it, so its controllers may be running: run the same command again to take it again and prove it anew, or close the window",
-                            ch.what(),
-                            ch.namespace,
-                            h.name,
-                            if holder.is_empty() {
-                                "nobody (written free by someone)"
-                            } else {
-                                &holder
-                            },
-                            t.opts.name
-                        ),
-                    });
-                }
-            }
-        }
         let deployments: Vec<(String, String)> = t
             .leased
             .iter()
@@ -576,6 +559,42 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
         {
             let _ = writeln!(out, "warning: {why}");
         }
+    }
+    for t in taken {
+        if !t.opts.wait_timeout.is_zero() {
+            wait_pods_gone(&[(t.cluster.clone(), t.scaled.clone())], &t.opts, out).await?;
+        }
+    }
+    // Last, right before the callers rely on it (`handoff move` lifts its block-move next):
+    // every Lease still the window's, by its holder.
+    for t in taken {
+        let c = &t.cluster;
+        for (ch, held, _) in &t.leased {
+            for h in held {
+                if let Some(holder) =
+                    lease::taken_from(c, &ch.namespace, &h.name, &t.opts.name).await?
+                {
+                    return Err(WindowError::Refused {
+                        cluster: c.label.clone(),
+                        message: format!(
+                            "{}: Lease {}/{} was taken back by {} while MoveWindow {} held it, so its controllers may be running: the same command again takes it again and proves it anew",
+                            ch.what(),
+                            ch.namespace,
+                            h.name,
+                            if holder.is_empty() {
+                                "nobody (written free by someone)"
+                            } else {
+                                &holder
+                            },
+                            t.opts.name
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    for t in taken {
+        let c = &t.cluster;
         for (ch, _, at) in &t.leased {
             record(c, &t.opts.name, |s| {
                 if let Some(p) = s
@@ -602,14 +621,6 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
                 t.proven_at()
             );
         }
-    }
-    for t in taken {
-        if !t.opts.wait_timeout.is_zero() {
-            wait_pods_gone(&[(t.cluster.clone(), t.scaled.clone())], &t.opts, out).await?;
-        }
-    }
-    for t in taken {
-        let c = &t.cluster;
         record(c, &t.opts.name, |s| {
             s.phase = Some("Open".into());
             if !t.opts.wait_timeout.is_zero() {
