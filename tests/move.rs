@@ -117,6 +117,17 @@ fn move_command(
     extra: &[&str],
     env: &[(&str, String)],
 ) -> Command {
+    move_command_with(source, target, ns, &standin(), extra, env)
+}
+
+fn move_command_with(
+    source: &Mgmt,
+    target: &Mgmt,
+    ns: &str,
+    clusterctl: &Path,
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
     cmd.arg("move")
         .arg("--kubeconfig")
@@ -125,7 +136,7 @@ fn move_command(
         .arg(target.operator_kubeconfig())
         .args(["--namespace", ns])
         .arg("--clusterctl")
-        .arg(standin())
+        .arg(clusterctl)
         .args(extra)
         .env_remove("KUBECONFIG");
     for (k, v) in env {
@@ -277,6 +288,27 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     );
 
     let _ = std::fs::remove_file(&rec);
+
+    // A clusterctl older than its block-move wait (v1.6) is refused before anything is
+    // written: nothing would hold its copy until both clusters are proven stopped.
+    let old = dir.path().join("clusterctl-v1.5");
+    std::fs::write(&old, "#!/bin/sh\necho v1.5.3\n").expect("old clusterctl");
+    std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let refused = move_command_with(&source, &target, "alpha", &old, &[], &env(None))
+        .output()
+        .expect("handoff move");
+    let log = text(&refused.stderr) + &text(&refused.stdout);
+    assert!(!refused.status.success(), "{log}");
+    assert!(
+        log.contains("clusterctl v1.5.3 is older than v1.6"),
+        "{log}"
+    );
+    assert!(
+        !source.exists(&["movewindow", "move-alpha"])
+            && !target.exists(&["movewindow", "move-alpha"]),
+        "{log}"
+    );
 
     // 1. A move that fails halfway (after the first create in the target).
     let t = Instant::now();

@@ -121,6 +121,39 @@ pub fn resume(
     Start::Resume
 }
 
+/// The first clusterctl that waits for `clusterctl.cluster.x-k8s.io/block-move`
+/// (`waitReadyForMove`, kubernetes-sigs/cluster-api v1.6.0).
+pub const BLOCK_MOVE_SINCE: (u64, u64) = (1, 6);
+
+/// What `clusterctl version -o short` says about its block-move wait, which is all that holds
+/// its copy until both clusters are proven stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterctlVersion {
+    #[error(
+        "clusterctl {0} is older than v1.6, the first that waits for {BLOCK_MOVE} (mover.go waitReadyForMove): nothing would hold its copy until both clusters' controllers are proven stopped; use clusterctl v1.6 or later"
+    )]
+    TooOld(String),
+    #[error(
+        "cannot tell clusterctl's version from {0:?}; handoff relies on its wait for {BLOCK_MOVE} (clusterctl v1.6 and later)"
+    )]
+    Unreadable(String),
+}
+
+/// `Ok` for a clusterctl that honours block-move: `v1.13.0`, `v1.6.0-rc.1`, `1.10.2+dirty`.
+pub fn block_move_honoured(version: &str) -> Result<(), ClusterctlVersion> {
+    let said = version.trim();
+    let parse = || -> Option<(u64, u64)> {
+        let v = said.split_whitespace().next()?.trim_start_matches('v');
+        let mut parts = v.split(['.', '-', '+']);
+        Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+    };
+    match parse() {
+        Some(v) if v >= BLOCK_MOVE_SINCE => Ok(()),
+        Some(_) => Err(ClusterctlVersion::TooOld(said.to_string())),
+        None => Err(ClusterctlVersion::Unreadable(said.to_string())),
+    }
+}
+
 /// Why handoff's block-move could not hold clusterctl until the source is stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BlockMoveError {
@@ -345,6 +378,34 @@ mod tests {
             namespace: "clusters".into(),
             clusterctl_exit: exit,
             ..MoveRecord::default()
+        }
+    }
+
+    #[test]
+    fn only_a_clusterctl_that_waits_for_block_move_is_run() {
+        for ok in [
+            "v1.13.0",
+            "v1.6.0-rc.1\n",
+            "1.10.2+dirty",
+            "v2.0.0",
+            "v1.6.0 extra",
+        ] {
+            assert_eq!(block_move_honoured(ok), Ok(()), "{ok}");
+        }
+        for old in ["v1.5.3", "v0.4.8", "1.0.0"] {
+            assert!(
+                matches!(block_move_honoured(old), Err(ClusterctlVersion::TooOld(_))),
+                "{old}"
+            );
+        }
+        for unknown in ["", "clusterctl", "vX.Y", "v1"] {
+            assert!(
+                matches!(
+                    block_move_honoured(unknown),
+                    Err(ClusterctlVersion::Unreadable(_))
+                ),
+                "{unknown}"
+            );
         }
     }
 

@@ -21,6 +21,7 @@ kubectl, against real API servers:
 
   clusterctl_standin.py move --kubeconfig A [--kubeconfig-context C] --to-kubeconfig B
                              [--to-kubeconfig-context C] [--namespace NS] [--dry-run]
+  clusterctl_standin.py version -o short     v1.13.0, the series it follows
 
 For tests, from the environment:
   CLUSTERCTL_STANDIN_FAIL_AFTER_CREATES=N  exit 1 after the N-th create (a move that fails
@@ -49,7 +50,13 @@ mv.add_argument('--to-kubeconfig-context', default='')
 mv.add_argument('--namespace', '-n', default='default')
 mv.add_argument('--dry-run', action='store_true')
 mv.add_argument('-v', type=int, default=0)
+ver = sub.add_parser('version')
+ver.add_argument('--output', '-o', default='')
 a = ap.parse_args()
+if a.cmd == 'version':
+    # The release series whose mover.go this follows.
+    print('v1.13.0' if a.output == 'short' else 'clusterctl version: &version.Info{GitVersion:"v1.13.0"}')
+    sys.exit(0)
 
 
 def interrupted(sig, _frame):

@@ -59,6 +59,30 @@ impl Signals {
     }
 }
 
+/// `clusterctl version -o short`, as `handoff move` would run it: what it printed, or why it
+/// could not be run (then the move could not run it either).
+pub async fn version(clusterctl: &Path, source: &Cluster) -> Result<String> {
+    let run = tokio::process::Command::new(clusterctl)
+        .args(["version", "-o", "short"])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), run)
+        .await
+        .map_err(|_| WindowError::Refused {
+            cluster: source.label.clone(),
+            message: format!("{} version -o short did not answer within 30 s", clusterctl.display()),
+        })?
+        .map_err(|e| WindowError::Refused {
+            cluster: source.label.clone(),
+            message: format!(
+                "cannot run {}: {e} (--clusterctl names the binary; the default is clusterctl on PATH)",
+                clusterctl.display()
+            ),
+        })?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 pub struct Child {
     child: tokio::process::Child,
     pid: Option<i32>,

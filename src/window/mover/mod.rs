@@ -168,6 +168,17 @@ pub async fn run(
         .get_or_insert_with(|| format!("handoff move of namespace {ns}: source"));
     check(std::slice::from_ref(target), &target_opts, out).await?;
     check(std::slice::from_ref(source), &source_opts, out).await?;
+    // Its block-move wait is all that holds clusterctl's copy until both clusters are proven
+    // stopped.
+    match move_plan::block_move_honoured(&child::version(&opts.clusterctl, source).await?) {
+        Ok(()) => {}
+        Err(e @ move_plan::ClusterctlVersion::TooOld(_)) => {
+            return Err(refused(source, e.to_string()));
+        }
+        Err(e) => {
+            let _ = writeln!(out, "warning: {e}");
+        }
+    }
     p.done(out, "checked");
     // Said once: the opens below check again, quietly.
     target_opts.quiet_preflight = true;
