@@ -267,9 +267,14 @@ fn check_move(
         let first = holds.iter().map(|h| h.1).fold(f64::INFINITY, f64::min);
         let last = holds.iter().map(|h| h.2).fold(0.0, f64::max);
         held.push((first, last));
-        // No manager says it acquired its Lease during the copy.
+        // No manager says it acquired its Lease during the copy; and the same logs, read the
+        // same way, do show each provider acquiring it again after the restore.
+        let mut again = 0;
         for (pod, line) in m.manager_logs() {
-            if line.contains("successfully acquired lease")
+            // client-go: `"Successfully acquired lease" lock="ns/name"` (structured klog).
+            if line
+                .to_ascii_lowercase()
+                .contains("successfully acquired lease")
                 && let Some(t) = klog_time(&line)
             {
                 assert!(
@@ -277,9 +282,17 @@ fn check_move(
                     "{}: {pod} acquired its Lease during the copy: {line}",
                     m.name
                 );
+                again += usize::from(t > last_delete && t <= ended);
             }
         }
-        // Every provider had a Ready pod at every moment of the move.
+        assert!(
+            again >= PROVIDERS.len(),
+            "{}: the managers' logs show {again} acquisitions after the copy, not one per provider",
+            m.name
+        );
+        // Every provider had a Ready pod at every moment of the move (and the watch saw each
+        // provider's pods change: the standby).
+        let mut seen_pods = std::collections::BTreeSet::new();
         for (t, pns, n) in ready_pods(&seen.pods) {
             if t >= started && t <= ended && PROVIDERS.iter().any(|(p, _, _)| *p == pns) {
                 assert!(
@@ -288,16 +301,33 @@ fn check_move(
                     m.name,
                     t - started
                 );
+                seen_pods.insert(pns);
             }
         }
-        // No Deployment went to 0, none was left scaled.
+        assert_eq!(
+            seen_pods.len(),
+            PROVIDERS.len(),
+            "{}: pod events seen for {seen_pods:?}",
+            m.name
+        );
+        // No Deployment went to 0, none was left scaled; each had its standby (1 → 2).
+        let mut standbys = std::collections::BTreeSet::new();
         for e in seen.deployments.events() {
             let key = e.key();
             if e.at >= started && PROVIDERS.iter().any(|(p, d, _)| key == format!("{p}/{d}")) {
                 let r = e.object["spec"]["replicas"].as_i64().unwrap_or(1);
                 assert!(r >= 1, "{}: {key} scaled to {r}", m.name);
+                if r == 2 {
+                    standbys.insert(key);
+                }
             }
         }
+        assert_eq!(
+            standbys.len(),
+            PROVIDERS.len(),
+            "{}: standbys seen for {standbys:?}",
+            m.name
+        );
     }
     // Afterwards each Lease is held by a pod of its own Deployment, the target's first.
     let back = |m: &Mgmt, seen: &Seen, after: f64| -> f64 {

@@ -12,8 +12,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::common::{
-    Cluster, Result, WindowError, api_err, dep_key, labels, now, read_window, record, set_state,
-    upsert_pinned,
+    Cluster, Result, WindowError, api_err, dep_key, labels, now, pinned_mut, read_window, record,
+    set_state, upsert_pinned,
 };
 use super::lease;
 use super::plan;
@@ -412,10 +412,8 @@ async fn release_leases(
             );
         }
         record(c, &opts.name, |s| {
-            if let Some(e) = s
-                .pinned
-                .iter_mut()
-                .find(|e| e.namespace == p.namespace && e.name == p.name && e.restored_at.is_none())
+            if let Some(e) =
+                pinned_mut(s, &p.namespace, &p.name).filter(|e| e.restored_at.is_none())
             {
                 e.standby = false;
             }

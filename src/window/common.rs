@@ -168,6 +168,18 @@ pub async fn record(
     })
 }
 
+/// The window's record of `ns/name`, to change.
+pub fn pinned_mut<'a>(
+    status: &'a mut MoveWindowStatus,
+    ns: &str,
+    name: &str,
+) -> Option<&'a mut PinnedDeployment> {
+    status
+        .pinned
+        .iter_mut()
+        .find(|p| p.namespace == ns && p.name == name)
+}
+
 pub fn upsert_pinned(status: &mut MoveWindowStatus, entry: PinnedDeployment) {
     match status
         .pinned

@@ -346,24 +346,15 @@ pub fn take_plan(l: &LeaseSeen, window: &str, operator: &str, now: Timestamp) ->
 /// An empty holder is free to the first candidate that tries (`tryAcquireOrRenew`).
 pub fn release_patch(l: &LeaseSeen, now: Timestamp) -> Value {
     let at = micro_time(now);
-    json!({
-        "metadata": {
-            "resourceVersion": l.resource_version,
-            "labels": {HELD_BY_LABEL: null},
-            "annotations": {
-                OPERATOR_ANNOTATION: null,
-                FORMER_HOLDER_ANNOTATION: null,
-                FORMER_DURATION_ANNOTATION: null,
-            },
-        },
-        "spec": {
-            "holderIdentity": "",
-            "leaseDurationSeconds": 1,
-            "acquireTime": at,
-            "renewTime": at,
-            "leaseTransitions": l.transitions,
-        }
-    })
+    let mut patch = strip_patch(l);
+    patch["spec"] = json!({
+        "holderIdentity": "",
+        "leaseDurationSeconds": 1,
+        "acquireTime": at,
+        "renewTime": at,
+        "leaseTransitions": l.transitions,
+    });
+    patch
 }
 
 /// What is left of a hold taken back: the window's label and annotations, written off with

@@ -148,6 +148,31 @@ fn unreported(c: &Cluster, ns: &str, name: &str) -> Proof {
     ))
 }
 
+/// Wait until the Deployment's status, seen by its controller, satisfies `done(replicas,
+/// ready)`; proven at once where it is gone, unreported where it has no status.
+async fn until_counts(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+    poll: Duration,
+    what: String,
+    done: impl Fn(i32, i32) -> bool,
+) -> Result<Proof> {
+    until(c, timeout, poll, what, async || {
+        Ok(match counts(c, ns, name).await? {
+            Counts::Gone => Some(Proof::Proven),
+            Counts::Unreported => Some(unreported(c, ns, name)),
+            Counts::Seen {
+                replicas,
+                ready,
+                observed,
+            } => (observed && done(replicas, ready)).then_some(Proof::Proven),
+        })
+    })
+    .await
+}
+
 /// Wait until `ns/name` has at least `want` Ready pods.
 pub async fn wait_ready(
     c: &Cluster,
@@ -157,25 +182,11 @@ pub async fn wait_ready(
     timeout: Duration,
     poll: Duration,
 ) -> Result<Proof> {
-    until(
-        c,
-        timeout,
-        poll,
-        format!(
-            "waiting for {want} Ready pod{} of Deployment {ns}/{name} (kubectl -n {ns} get pods, and their events, tell why not)",
-            if want == 1 { "" } else { "s" }
-        ),
-        async || {
-            Ok(match counts(c, ns, name).await? {
-                Counts::Gone => Some(Proof::Proven),
-                Counts::Unreported => Some(unreported(c, ns, name)),
-                Counts::Seen { ready, observed, .. } => {
-                    (observed && ready >= want).then_some(Proof::Proven)
-                }
-            })
-        },
-    )
-    .await
+    let what = format!(
+        "waiting for {want} Ready pod{} of Deployment {ns}/{name} (kubectl -n {ns} get pods, and their events, tell why not)",
+        if want == 1 { "" } else { "s" }
+    );
+    until_counts(c, ns, name, timeout, poll, what, |_, ready| ready >= want).await
 }
 
 /// Wait until `ns/name` runs exactly `count` pods, all Ready (a scale-down done).
@@ -187,23 +198,10 @@ pub async fn wait_settled(
     timeout: Duration,
     poll: Duration,
 ) -> Result<Proof> {
-    until(
-        c,
-        timeout,
-        poll,
-        format!("waiting for Deployment {ns}/{name} to run {count} Ready pods"),
-        async || {
-            Ok(match counts(c, ns, name).await? {
-                Counts::Gone => Some(Proof::Proven),
-                Counts::Unreported => Some(unreported(c, ns, name)),
-                Counts::Seen {
-                    replicas,
-                    ready,
-                    observed,
-                } => (observed && replicas == count && ready >= count).then_some(Proof::Proven),
-            })
-        },
-    )
+    let what = format!("waiting for Deployment {ns}/{name} to run {count} Ready pods");
+    until_counts(c, ns, name, timeout, poll, what, |replicas, ready| {
+        replicas == count && ready >= count
+    })
     .await
 }
 

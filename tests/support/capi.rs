@@ -146,6 +146,32 @@ impl Rig {
     }
 }
 
+/// `kubectl --kubeconfig K ARGS`, with `stdin` written to it.
+pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    if let Some(s) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(s.as_bytes())
+            .expect("write");
+    }
+    child.wait_with_output().expect("kubectl")
+}
+
 /// One management cluster of the rig.
 pub struct Mgmt {
     pub name: &'static str,
@@ -161,28 +187,7 @@ impl Mgmt {
     }
 
     pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut child = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        if let Some(s) = stdin {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(s.as_bytes())
-                .expect("write");
-        }
-        child.wait_with_output().expect("kubectl")
+        kubectl(&self.kubeconfig, args, stdin)
     }
 
     pub fn ok(&self, args: &[&str]) -> String {
@@ -445,22 +450,11 @@ impl Prober {
             while !flag.load(Ordering::Relaxed) {
                 for (name, kubeconfig, objects) in &clusters {
                     let o = &objects[i % objects.len()];
-                    let mut child = Command::new("kubectl")
-                        .arg("--kubeconfig")
-                        .arg(kubeconfig)
-                        .args(["create", "--dry-run=server", "-o", "name", "-f", "-"])
-                        .stdin(Stdio::piped())
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::piped())
-                        .spawn()
-                        .expect("kubectl");
-                    child
-                        .stdin
-                        .take()
-                        .unwrap()
-                        .write_all(o.to_string().as_bytes())
-                        .unwrap();
-                    let out = child.wait_with_output().expect("kubectl");
+                    let out = kubectl(
+                        kubeconfig,
+                        &["create", "--dry-run=server", "-o", "name", "-f", "-"],
+                        Some(&o.to_string()),
+                    );
                     ran += 1;
                     if !out.status.success() {
                         failed.push((

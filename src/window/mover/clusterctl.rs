@@ -7,10 +7,9 @@ use std::io::Write;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::super::common::now;
 use super::super::common::{Cluster, Result, WindowError};
 use super::super::move_plan::{self, BLOCK_MOVE, ClusterctlFlags};
-use super::super::open::{OpenOptions, Taken, plan_open, prove, take};
+use super::super::open::{OpenOptions, Taken, first_taken, plan_open, prove, take};
 use super::child::{Child, ExitStatus, Signals};
 use super::cluster_api::{self, CLUSTERS, clusters_in, scan};
 use super::{MoveOptions, note, phase};
@@ -82,12 +81,7 @@ async fn stop_source(
     );
     let mut all = target_taken;
     let source_taken = take(std::slice::from_ref(source), source_opts, out).await?;
-    let first = source_taken
-        .iter()
-        .filter_map(Taken::first_taken)
-        .min()
-        .map(|t| t.to_string())
-        .unwrap_or_else(now);
+    let first = first_taken(&source_taken);
     note(target, window, |m| {
         m.source_stopped_at.get_or_insert_with(|| first.clone());
     })

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::close::{CloseOptions, close};
 use super::common::{Cluster, Result, WindowError, now, read_window, record};
 use super::move_plan::{self, BLOCK_MOVE, ClusterSeen, ClusterctlFlags, PAUSED_ANNOTATION, Start};
-use super::open::{OpenOptions, Taken, check, open, prove, ready_standbys, take};
+use super::open::{OpenOptions, Taken, check, first_taken, open, prove, ready_standbys, take};
 use crate::resources::move_window::{MoveRecord, WindowState};
 use child::Signals;
 use cluster_api::{CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in, scan};
@@ -261,12 +261,7 @@ pub async fn run(
     // source's, right before the lift: one Lease bound per move, not two in a row.
     let p = phase(out, "stopping the target's controllers");
     let target_taken = take(std::slice::from_ref(target), &target_opts, out).await?;
-    let first_taken = target_taken
-        .iter()
-        .filter_map(Taken::first_taken)
-        .min()
-        .map(|t| t.to_string())
-        .unwrap_or_else(now);
+    let first = first_taken(&target_taken);
     let proven_at = target_taken
         .iter()
         .map(Taken::proven_at)
@@ -291,7 +286,7 @@ pub async fn run(
             attempts: m.attempts + 1,
             clusters: at_start,
             cluster_classes: class_keys.clone(),
-            target_stopped_at: t.or_else(|| Some(first_taken.clone())),
+            target_stopped_at: t.or_else(|| Some(first.clone())),
             source_stopped_at: s,
             ..MoveRecord::default()
         };

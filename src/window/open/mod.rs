@@ -14,7 +14,7 @@ use kube::Api;
 use kube::api::PostParams;
 
 use super::common::{
-    Cluster, Result, WindowError, api_err, labels, now, read_window, record, set_state,
+    Cluster, Result, WindowError, api_err, labels, now, pinned_mut, read_window, record, set_state,
     upsert_pinned,
 };
 use super::lease;
@@ -155,8 +155,8 @@ pub async fn ready_standbys(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write
     if !opts.standby {
         return Ok(());
     }
-    let mut chosen = checked(std::slice::from_ref(c), opts, out).await?;
-    let ((_, _, choices), _) = chosen.remove(0);
+    // Chosen as `take` will choose (the caller ran the preflight already).
+    let (_, _, choices) = choose(c, opts).await?;
     let leased: Vec<&Choice> = choices
         .iter()
         .filter(|ch| matches!(ch.plan, Stop::Lease(_)))
@@ -297,15 +297,18 @@ impl Taken {
             .max()
             .unwrap_or_else(Timestamp::now)
     }
+}
 
-    /// The earliest take-over of a Lease here, as recorded (a re-run keeps the first).
-    pub fn first_taken(&self) -> Option<Timestamp> {
-        self.leased
-            .iter()
-            .flat_map(|(_, held, _)| held)
-            .filter_map(|h| h.held_since.as_deref()?.parse().ok())
-            .min()
-    }
+/// The earliest take-over of a Lease in any of these, as recorded (a re-run keeps the first),
+/// RFC 3339; now where none was recorded.
+pub fn first_taken(taken: &[Taken]) -> String {
+    taken
+        .iter()
+        .flat_map(|t| t.leased.iter().flat_map(|(_, held, _)| held))
+        .filter_map(|h| h.held_since.as_deref()?.parse::<Timestamp>().ok())
+        .min()
+        .map(|t| t.to_string())
+        .unwrap_or_else(now)
 }
 
 /// Open a window on every cluster: choose and preflight all, then create the windows, stop
@@ -465,11 +468,7 @@ async fn add_standbys(
             continue;
         }
         record(c, &opts.name, |s| {
-            if let Some(p) = s
-                .pinned
-                .iter_mut()
-                .find(|p| p.namespace == ch.namespace && p.name == ch.name)
-            {
+            if let Some(p) = pinned_mut(s, &ch.namespace, &ch.name) {
                 p.standby = true;
                 p.saved_replicas = ch.replicas;
             }
@@ -524,12 +523,11 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
         .iter()
         .flat_map(|t| t.leased.iter().map(move |(ch, _, at)| (t, ch, at)))
         .collect();
-    if let Some(until) = proofs.iter().map(|(_, _, t)| **t).max() {
-        // The longest bound, named: the others end with it or before.
+    // The longest bound, named: the others end with it or before.
+    if let Some((t, ch, until)) = proofs.iter().max_by_key(|(_, _, at)| **at) {
+        let until = **until;
         let left = until.duration_since(Timestamp::now()).as_secs_f64();
-        if let Some((t, ch, _)) = proofs.iter().max_by_key(|(_, _, at)| **at)
-            && left >= 0.5
-        {
+        if left >= 0.5 {
             let _ = writeln!(
                 out,
                 "waiting {left:.0}s, until {until}, for the former leaders of {} Deployment{} to be unable to lead (the last: {}: {})",
@@ -560,10 +558,13 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
             let _ = writeln!(out, "warning: {why}");
         }
     }
-    for t in taken {
-        if !t.opts.wait_timeout.is_zero() {
-            wait_pods_gone(&[(t.cluster.clone(), t.scaled.clone())], &t.opts, out).await?;
-        }
+    // Every cluster's pinned pods, waited for at once.
+    if let Some(t) = taken.first().filter(|t| !t.opts.wait_timeout.is_zero()) {
+        let scaled: Vec<(Cluster, Vec<(String, String)>)> = taken
+            .iter()
+            .map(|t| (t.cluster.clone(), t.scaled.clone()))
+            .collect();
+        wait_pods_gone(&scaled, &t.opts, out).await?;
     }
     // Last, right before the callers rely on it (`handoff move` lifts its block-move next):
     // every Lease still the window's, by its holder.
@@ -597,11 +598,7 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
         let c = &t.cluster;
         for (ch, _, at) in &t.leased {
             record(c, &t.opts.name, |s| {
-                if let Some(p) = s
-                    .pinned
-                    .iter_mut()
-                    .find(|p| p.namespace == ch.namespace && p.name == ch.name)
-                {
+                if let Some(p) = pinned_mut(s, &ch.namespace, &ch.name) {
                     p.stopped_since.get_or_insert_with(|| at.to_string());
                 }
                 s.last_step = Some(format!("stopped {}", ch.what()));
