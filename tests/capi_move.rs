@@ -310,11 +310,12 @@ fn check_move(
             "{}: pod events seen for {seen_pods:?}",
             m.name
         );
-        // No Deployment went to 0, none was left scaled; each had its standby (1 → 2).
+        // No Deployment went to 0, none was left scaled; each had its standby (1 → 2), added
+        // during the move or, on a re-run, by the attempt before (the watch's first listing).
         let mut standbys = std::collections::BTreeSet::new();
         for e in seen.deployments.events() {
             let key = e.key();
-            if e.at >= started && PROVIDERS.iter().any(|(p, d, _)| key == format!("{p}/{d}")) {
+            if e.at <= ended && PROVIDERS.iter().any(|(p, d, _)| key == format!("{p}/{d}")) {
                 let r = e.object["spec"]["replicas"].as_i64().unwrap_or(1);
                 assert!(r >= 1, "{}: {key} scaled to {r}", m.name);
                 if r == 2 {
