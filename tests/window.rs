@@ -991,17 +991,22 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
         .unwrap();
     let mark = e.proxy.writes().len();
     // A handoff replica whose cache lags 300 ms behind the close pins the Deployment again
-    // whenever it sees it restored, until it catches up. Its writes go straight to the API
-    // server, out of the proxy's log.
+    // whenever it sees it restored, until it catches up: its 300 ms run from the first restore
+    // it sees, however long the close took to get there on a loaded machine. Its writes go
+    // straight to the API server, out of the proxy's log.
     let repinner = {
         let api = Api::<Deployment>::namespaced(e.admin.clone(), "capi-system");
         tokio::spawn(async move {
             let mut repinned = 0;
-            let start = tokio::time::Instant::now();
-            while start.elapsed() < Duration::from_millis(300) {
+            let waiting = tokio::time::Instant::now();
+            let mut first_seen: Option<tokio::time::Instant> = None;
+            while first_seen.is_none_or(|t| t.elapsed() < Duration::from_millis(300))
+                && waiting.elapsed() < Duration::from_secs(60)
+            {
                 if let Ok(mut d) = api.get("capi-controller-manager").await
                     && d.spec.as_ref().and_then(|s| s.replicas) != Some(0)
                 {
+                    first_seen.get_or_insert_with(tokio::time::Instant::now);
                     let spec = d.spec.as_mut().expect("spec");
                     let asked = spec.replicas.unwrap_or(1);
                     spec.replicas = Some(0);
@@ -1023,7 +1028,13 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
             repinned
         })
     };
-    ops::close(&clusters, &close_opts(), &mut Vec::new())
+    // A settle time well above a GET's latency on a loaded machine: the stale replica's first
+    // pin lands inside it, and its last one 300 ms later lands before the second look.
+    let opts = CloseOptions {
+        settle: Duration::from_secs(1),
+        ..close_opts()
+    };
+    ops::close(&clusters, &opts, &mut Vec::new())
         .await
         .unwrap();
     let repinned = repinner.await.unwrap();
