@@ -2,6 +2,9 @@
 # Builds handoff as a fully static release binary and prints its path.
 #
 #   hack/static-binary.sh            # x86_64-unknown-linux-musl, as the Dockerfile builds it
+#   HANDOFF_STATIC_PROFILE=dev hack/static-binary.sh
+#                                    # the same, unoptimised (CI: the linking is what it proves,
+#                                    # in a third of the release build's time)
 #
 # The musl target needs the target's std (`rustup target add x86_64-unknown-linux-musl`, from
 # the Rust dist server) and musl-gcc for ring's C parts (Debian's musl-tools). Each is installed
@@ -12,6 +15,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target_dir=${CARGO_TARGET_DIR:-target}
+profile=${HANDOFF_STATIC_PROFILE:-release}
+case $profile in
+    release) out=release ;;
+    dev) out=debug ;;
+    *) echo "static-binary: HANDOFF_STATIC_PROFILE must be release or dev, not '$profile'" >&2; exit 2 ;;
+esac
 musl=x86_64-unknown-linux-musl
 gnu=x86_64-unknown-linux-gnu
 
@@ -31,16 +40,16 @@ if [ "${HANDOFF_STATIC:-musl}" = musl ] && ! have_musl; then
 fi
 
 if [ "${HANDOFF_STATIC:-musl}" = musl ] && have_musl; then
-    cargo build --release --locked --target "$musl" >&2
-    bin=$target_dir/$musl/release/handoff
+    cargo build --profile "$profile" --locked --target "$musl" >&2
+    bin=$target_dir/$musl/$out/handoff
 else
     if [ "${HANDOFF_STATIC:-musl}" = musl ]; then
         echo "static-binary: no $musl target here; building glibc with +crt-static instead" >&2
     fi
     # --target keeps these flags off build scripts and proc macros (which must stay dynamic).
     RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-        cargo build --release --locked --target "$gnu" >&2
-    bin=$target_dir/$gnu/release/handoff
+        cargo build --profile "$profile" --locked --target "$gnu" >&2
+    bin=$target_dir/$gnu/$out/handoff
 fi
 
 # Static means no program interpreter: ldd has nothing to load.

@@ -29,11 +29,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt as _;
-use http_body_util::{BodyExt as _, StreamBody};
 
 use super::apiserver::{ADMIN, ApiServer};
-use super::proxy::{BoxError, ForwardError, Out, Proxy, forward};
+use super::proxy::{ForwardError, Out, Proxy, forward, relay};
 
 /// One sequence across every proxy in the process: a test orders the writes to two clusters.
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -220,31 +218,11 @@ async fn handle(
         }
         Err(ForwardError::Send(e)) => return unavailable(&format!("forwarding: {e}")),
     };
-    let (parts, body) = response.into_parts();
-    let mut out = http::Response::builder().status(parts.status);
-    for (name, value) in &parts.headers {
-        // The body is re-framed here; the server's framing headers do not apply.
-        if name != http::header::CONTENT_LENGTH
-            && name != http::header::TRANSFER_ENCODING
-            && name != http::header::CONNECTION
-        {
-            out = out.header(name, value);
-        }
-    }
     // Streamed as it comes (a watch), until the proxy is made unavailable.
     let mut gone = faults.unavailable.subscribe();
-    let stream = body
-        .into_data_stream()
-        .map(|chunk| {
-            chunk
-                .map(hyper::body::Frame::data)
-                .map_err(|e| Box::new(e) as BoxError)
-        })
-        .take_until(async move {
-            let _ = gone.wait_for(|u| *u).await;
-        });
-    out.body(StreamBody::new(stream).boxed_unsync())
-        .expect("response")
+    relay(response, async move {
+        let _ = gone.wait_for(|u| *u).await;
+    })
 }
 
 /// A new API server with the MoveWindow CRD, and a proxy in front of it. Starting one blocks

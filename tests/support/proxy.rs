@@ -183,3 +183,34 @@ pub async fn forward(
         .await
         .map_err(|e| ForwardError::Send(e.to_string()))
 }
+
+/// The API server's answer to the client, headers and status as given, the body streamed as it
+/// comes (a watch) until `until` completes.
+pub fn relay(
+    response: http::Response<kube::client::Body>,
+    until: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Out {
+    use futures::StreamExt as _;
+    let (parts, body) = response.into_parts();
+    let mut out = http::Response::builder().status(parts.status);
+    for (name, value) in &parts.headers {
+        // The body is re-framed here; the server's framing headers do not apply.
+        if name != http::header::CONTENT_LENGTH
+            && name != http::header::TRANSFER_ENCODING
+            && name != http::header::CONNECTION
+        {
+            out = out.header(name, value);
+        }
+    }
+    let stream = body
+        .into_data_stream()
+        .map(|chunk| {
+            chunk
+                .map(hyper::body::Frame::data)
+                .map_err(|e| Box::new(e) as BoxError)
+        })
+        .take_until(until);
+    out.body(http_body_util::StreamBody::new(stream).boxed_unsync())
+        .expect("response")
+}
+

@@ -1,0 +1,231 @@
+//! A proxy in front of each management cluster's real API server that kills `handoff move` on
+//! cue: what a laptop lid or `kill -9` does, at a place a test names exactly.
+//!
+//! `handoff move` and the clusterctl it runs are given kubeconfigs for these proxies (clusterctl
+//! gets handoff's `--kubeconfig` and `--to-kubeconfig`), and the proxies tell the two apart by
+//! their User-Agent (client-go's starts with the binary's name). Every write either makes is
+//! logged with a label that names what it writes, not which object (`PATCH leases in
+//! target`), in one sequence over both clusters. A `Trigger` names a write; when it arrives the
+//! proxy sends SIGKILL to handoff's pid, so that to both clusters handoff died right before
+//! it (a write of handoff's is then not forwarded) or, for a write of clusterctl's, while
+//! clusterctl was at it (forwarded: clusterctl dies by its PDEATHSIG a moment later, as it
+//! would).
+//!
+//! Everything else is the real server's; requests reach it as the admin.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::proxy::{ForwardError, Out, Proxy, forward, relay, status};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Agent {
+    Handoff,
+    Clusterctl,
+}
+
+/// One write, as the proxies saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    pub agent: Agent,
+    /// `source` or `target` (of the move running now).
+    pub role: &'static str,
+    /// `METHOD resource[/subresource] in ROLE`.
+    pub label: String,
+    /// `METHOD /path`, for the log.
+    pub line: String,
+}
+
+/// Where to kill handoff: at the `nth` (from 1) write of `agent` labelled `label`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trigger {
+    pub agent: Agent,
+    pub label: String,
+    pub nth: usize,
+}
+
+#[derive(Default)]
+struct Shared {
+    log: Mutex<Vec<Write>>,
+    trigger: Mutex<Option<(Trigger, usize)>>,
+    victim: AtomicI32,
+    fired: AtomicBool,
+    /// Which cluster is which in the move running now: proxy index → role.
+    roles: Mutex<[&'static str; 2]>,
+}
+
+/// Two proxies, one per management cluster, sharing one log and one trigger.
+pub struct CrashProxies {
+    shared: Arc<Shared>,
+    proxies: Vec<Proxy>,
+    pub kubeconfigs: Vec<PathBuf>,
+}
+
+/// `METHOD resource[/subresource]` of an API path: `/api/v1/namespaces/ns/pods/p` → `pods`,
+/// `/apis/g/v/namespaces/ns/deployments/d/scale` → `deployments/scale`, a namespace → `namespaces`.
+pub fn resource_of(path: &str) -> String {
+    let path = path.split('?').next().unwrap_or(path);
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match parts.first() {
+        Some(&"api") => parts.get(2..),
+        Some(&"apis") => parts.get(3..),
+        _ => None,
+    }
+    .unwrap_or(&[]);
+    let rest = match rest {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    match rest {
+        [resource] | [resource, _] => resource.to_string(),
+        [resource, _, sub, ..] => format!("{resource}/{sub}"),
+        [] => path.to_string(),
+    }
+}
+
+impl CrashProxies {
+    /// One proxy per admin kubeconfig (parsed now, on the caller's thread), its kubeconfig in
+    /// `dir`.
+    pub fn start(admin_kubeconfigs: [&Path; 2], dir: &Path) -> CrashProxies {
+        let shared = Arc::new(Shared {
+            roles: Mutex::new(["source", "target"]),
+            ..Shared::default()
+        });
+        let mut proxies = Vec::new();
+        let mut kubeconfigs = Vec::new();
+        for (i, admin) in admin_kubeconfigs.into_iter().enumerate() {
+            let kubeconfig = kube::config::Kubeconfig::read_from(admin).expect("admin kubeconfig");
+            let s = shared.clone();
+            let proxy = Proxy::start(kubeconfig, false, move |req, client| {
+                handle(req, client, s.clone(), i)
+            });
+            kubeconfigs.push(proxy.write_kubeconfig(
+                &dir.join(format!("crash-proxy-{i}.kubeconfig")),
+                &proxy.url(),
+                None,
+            ));
+            proxies.push(proxy);
+        }
+        CrashProxies {
+            shared,
+            proxies,
+            kubeconfigs,
+        }
+    }
+
+    /// The move about to run goes from cluster `source` (0 or 1) to the other one.
+    pub fn set_source(&self, source: usize) {
+        *self.shared.roles.lock().unwrap() = match source {
+            0 => ["source", "target"],
+            _ => ["target", "source"],
+        };
+    }
+
+    /// Kill `pid` at `trigger` (counted from now), or never.
+    pub fn arm(&self, trigger: Option<Trigger>, pid: i32) {
+        self.shared.victim.store(pid, Ordering::SeqCst);
+        self.shared.fired.store(false, Ordering::SeqCst);
+        *self.shared.trigger.lock().unwrap() = trigger.map(|t| (t, 0));
+    }
+
+    /// Whether the armed trigger killed its pid.
+    pub fn fired(&self) -> bool {
+        self.shared.fired.load(Ordering::SeqCst)
+    }
+
+    /// Every write so far, and a fresh log.
+    pub fn take_log(&self) -> Vec<Write> {
+        std::mem::take(&mut *self.shared.log.lock().unwrap())
+    }
+}
+
+async fn handle(
+    req: http::Request<hyper::body::Incoming>,
+    client: kube::Client,
+    shared: Arc<Shared>,
+    index: usize,
+) -> Out {
+    let method = req.method().clone();
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or("/".to_string(), |p| p.as_str().to_string());
+    let write = matches!(
+        method,
+        http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
+    );
+    let agent = match req
+        .headers()
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(ua) if ua.starts_with("clusterctl") => Agent::Clusterctl,
+        _ => Agent::Handoff,
+    };
+    if write && !shared.fired.load(Ordering::SeqCst) {
+        let role = shared.roles.lock().unwrap()[index];
+        let w = Write {
+            agent,
+            role,
+            label: format!("{method} {} in {role}", resource_of(&target)),
+            line: format!("{method} {target}"),
+        };
+        let hit = {
+            let mut t = shared.trigger.lock().unwrap();
+            match t.as_mut() {
+                Some((trigger, seen)) if trigger.agent == agent && trigger.label == w.label => {
+                    *seen += 1;
+                    *seen == trigger.nth
+                }
+                _ => false,
+            }
+        };
+        shared.log.lock().unwrap().push(w);
+        if hit {
+            let pid = shared.victim.load(Ordering::SeqCst);
+            // SAFETY: kill(2) of the test's own child, by pid.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            shared.fired.store(true, Ordering::SeqCst);
+            if agent == Agent::Handoff {
+                return status(503, "ServiceUnavailable", "killed before this write");
+            }
+        }
+    }
+    let (parts, body) = req.into_parts();
+    match forward(&client, &parts, &target, body).await {
+        Ok(response) => relay(response, std::future::pending()),
+        Err(ForwardError::Body(e)) => status(503, "ServiceUnavailable", &e),
+        Err(ForwardError::Send(e)) => status(503, "ServiceUnavailable", &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resource_of;
+
+    #[test]
+    fn names_the_resource_not_the_object() {
+        for (path, want) in [
+            (
+                "/apis/coordination.k8s.io/v1/namespaces/capi-system/leases/l",
+                "leases",
+            ),
+            (
+                "/apis/apps/v1/namespaces/x/deployments/d/scale?fieldManager=h",
+                "deployments/scale",
+            ),
+            ("/apis/handoff.dev/v1alpha1/movewindows/w/status", "movewindows/status"),
+            ("/apis/handoff.dev/v1alpha1/movewindows", "movewindows"),
+            ("/api/v1/namespaces/ns1/pods/p", "pods"),
+            ("/api/v1/namespaces/ns1", "namespaces"),
+            ("/api/v1/namespaces", "namespaces"),
+            ("/api/v1/namespaces/ns1/secrets", "secrets"),
+        ] {
+            assert_eq!(resource_of(path), want, "{path}");
+        }
+    }
+}
