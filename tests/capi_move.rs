@@ -29,10 +29,6 @@ use support::capi::{
     ready_pods, wall,
 };
 
-const HELD_BY: &str = "handoff.dev/held-by-window";
-const BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
-const SAVED: &str = "handoff.dev/replicas-before-move";
-
 /// What one cluster's watches saw.
 struct Seen {
     leases: Watch,
@@ -380,54 +376,12 @@ fn check_move(
         src_back - started
     );
     for m in [src, dst] {
-        nothing_left(m, ns);
+        m.nothing_of_handoff_left(ns);
     }
     Moved {
         took: ended - started,
         held: (held[0].1 - held[0].0, held[1].1 - held[1].0),
         output_lines: log.lines().count(),
-    }
-}
-
-/// Nothing of handoff's in this cluster: no Lease labelled or held by a window, no saved
-/// count, no handoff block-move, every window closed, every provider at its shipped count.
-fn nothing_left(m: &Mgmt, ns: &str) {
-    for l in m.get(&["leases", "-A"])["items"].as_array().unwrap() {
-        let holder = l["spec"]["holderIdentity"].as_str().unwrap_or("");
-        assert!(
-            l["metadata"]["labels"].get(HELD_BY).is_none() && !holder.starts_with(WINDOW_HOLDER),
-            "{}: {l}",
-            m.name
-        );
-    }
-    for d in m.get(&["deployments", "-A"])["items"].as_array().unwrap() {
-        assert!(
-            d["metadata"]["annotations"].get(SAVED).is_none(),
-            "{}: {d}",
-            m.name
-        );
-        if PROVIDERS
-            .iter()
-            .any(|(_, dep, _)| d["metadata"]["name"] == *dep)
-        {
-            assert_eq!(
-                d["spec"]["replicas"], 1,
-                "{}: {}",
-                m.name, d["metadata"]["name"]
-            );
-        }
-    }
-    for w in m.get(&["movewindows"])["items"].as_array().unwrap() {
-        assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", m.name);
-    }
-    for c in m.get(&["-n", ns, "clusters.cluster.x-k8s.io"])["items"]
-        .as_array()
-        .unwrap()
-    {
-        let block = c["metadata"]["annotations"][BLOCK_MOVE]
-            .as_str()
-            .unwrap_or("");
-        assert!(!block.starts_with("handoff.dev/"), "{}: {c}", m.name);
     }
 }
 

@@ -1034,9 +1034,7 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
         settle: Duration::from_secs(1),
         ..close_opts()
     };
-    ops::close(&clusters, &opts, &mut Vec::new())
-        .await
-        .unwrap();
+    ops::close(&clusters, &opts, &mut Vec::new()).await.unwrap();
     let repinned = repinner.await.unwrap();
     assert!(repinned >= 1, "the stale replica never acted");
     assert_eq!(

@@ -76,7 +76,9 @@ pub fn start(record: Option<&MoveRecord>, namespace: &str) -> Result<Start, Star
     let Some(r) = record else {
         return Ok(Start::Fresh);
     };
-    if matches!(r.phase.as_str(), "Done" | "Aborted") {
+    // An empty phase is no move: an --abort of a move that had recorded nothing used to leave
+    // such a record (of no namespace), which would refuse every later move.
+    if matches!(r.phase.as_str(), "Done" | "Aborted" | "") {
         return Ok(Start::Fresh);
     }
     if r.phase == "Aborting" {
@@ -119,6 +121,22 @@ pub fn resume(
         return Start::ResumeStopped;
     }
     Start::Resume
+}
+
+/// Why `--abort` must not act on a move that starts at `start`: once clusterctl has begun
+/// deleting from the source (or has moved everything), restarting the source's controllers
+/// would re-create what was deleted and the namespace would be whole in neither cluster. The
+/// only way on is forward: the same command finishes the move.
+pub fn abort_refused(start: &Start, namespace: &str) -> Option<String> {
+    let what = match start {
+        Start::ResumeStopped => "clusterctl had begun deleting it from the source",
+        Start::FinishTarget => "clusterctl had copied it and deleted it from the source",
+        Start::RestoreOnly => "clusterctl had moved it",
+        Start::Fresh | Start::Resume => return None,
+    };
+    Some(format!(
+        "cannot abort the move of namespace {namespace}: {what}, so an abort cannot put it back (the source's controllers would re-create what was deleted); run the same command without --abort to finish the move (if the target cannot take it, `handoff window close` on each cluster restores the controllers by hand)"
+    ))
 }
 
 /// The first clusterctl that waits for `clusterctl.cluster.x-k8s.io/block-move`
@@ -356,7 +374,7 @@ pub fn failure_help(
          \x20 finish the move: {again}\n\
          \x20   (puts the source back as clusterctl expects it: its controllers running, the Clusters clusterctl paused unpaused, handoff's block-move back on; keeps the target stopped; runs clusterctl again)\n\
          \x20 undo the stop:   {again} --abort\n\
-         \x20   (brings every controller back as it was, the source's first, since it still owns what was not moved; the paused Clusters and the copies stay as they are)"
+         \x20   (brings every controller back as it was, the source's first, since it still owns what was not moved; the paused Clusters and the copies stay as they are; refused once clusterctl has begun deleting from the source, when finishing is the only way on)"
     )
 }
 
@@ -418,6 +436,11 @@ mod tests {
                 Ok(Start::Fresh)
             );
         }
+        // What an --abort of a move that had recorded nothing used to leave.
+        assert_eq!(
+            start(Some(&MoveRecord::default()), "clusters"),
+            Ok(Start::Fresh)
+        );
         for phase in [
             "Stopping target",
             "Moving",
@@ -590,5 +613,22 @@ mod tests {
             help.contains("kubectl --kubeconfig /a -n clusters get clusters"),
             "{help}"
         );
+    }
+
+    #[test]
+    fn abort_is_refused_once_clusterctl_began_deleting() {
+        assert_eq!(abort_refused(&Start::Fresh, "ns1"), None);
+        assert_eq!(abort_refused(&Start::Resume, "ns1"), None);
+        for s in [
+            Start::ResumeStopped,
+            Start::FinishTarget,
+            Start::RestoreOnly,
+        ] {
+            let why = abort_refused(&s, "ns1").expect("refused");
+            assert!(
+                why.contains("namespace ns1") && why.contains("without --abort"),
+                "{why}"
+            );
+        }
     }
 }

@@ -48,6 +48,10 @@ pub const PROVIDERS: [(&str, &str, &str); 4] = [
 ];
 
 pub const WINDOW_HOLDER: &str = "handoff.dev/move-window/";
+pub const HELD_BY: &str = "handoff.dev/held-by-window";
+pub const BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
+pub const SAVED: &str = "handoff.dev/replicas-before-move";
+pub const DELETE_FOR_MOVE: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
 
 /// Seconds since the epoch, now.
 pub fn wall() -> f64 {
@@ -261,6 +265,84 @@ impl Mgmt {
         out
     }
 
+    /// Nothing of handoff's in this cluster: no Lease labelled or held by a window, no saved
+    /// count, no handoff block-move, every window closed, every provider at its shipped count.
+    pub fn nothing_of_handoff_left(&self, ns: &str) {
+        for l in self.get(&["leases", "-A"])["items"].as_array().unwrap() {
+            let holder = l["spec"]["holderIdentity"].as_str().unwrap_or("");
+            assert!(
+                l["metadata"]["labels"].get(HELD_BY).is_none()
+                    && !holder.starts_with(WINDOW_HOLDER),
+                "{}: {l}",
+                self.name
+            );
+        }
+        for d in self.get(&["deployments", "-A"])["items"]
+            .as_array()
+            .unwrap()
+        {
+            assert!(
+                d["metadata"]["annotations"].get(SAVED).is_none(),
+                "{}: {d}",
+                self.name
+            );
+            if PROVIDERS
+                .iter()
+                .any(|(_, dep, _)| d["metadata"]["name"] == *dep)
+            {
+                assert_eq!(
+                    d["spec"]["replicas"], 1,
+                    "{}: {}",
+                    self.name, d["metadata"]["name"]
+                );
+            }
+        }
+        for w in self.get(&["movewindows"])["items"].as_array().unwrap() {
+            assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", self.name);
+        }
+        for c in self.get(&["-n", ns, "clusters.cluster.x-k8s.io"])["items"]
+            .as_array()
+            .unwrap()
+        {
+            let block = c["metadata"]["annotations"][BLOCK_MOVE]
+                .as_str()
+                .unwrap_or("");
+            assert!(!block.starts_with("handoff.dev/"), "{}: {c}", self.name);
+        }
+    }
+
+    /// Whether every provider Lease is held by a pod of its own Deployment now.
+    pub fn providers_lead(&self) -> bool {
+        PROVIDERS.iter().all(|(ns, dep, lease)| {
+            self.get(&["-n", ns, "lease", lease])["spec"]["holderIdentity"]
+                .as_str()
+                .is_some_and(|h| h.starts_with(&format!("{dep}-")))
+        })
+    }
+
+    /// What `clusterctl move` moves of namespace `ns`, as this cluster holds it: every object
+    /// of the Cluster API types (the CRDs clusterctl discovers by their
+    /// `clusterctl.cluster.x-k8s.io` label) and every Secret.
+    pub fn move_objects(&self, ns: &str) -> Vec<Value> {
+        let crds = self.ok(&[
+            "get",
+            "crd",
+            "-l",
+            "clusterctl.cluster.x-k8s.io",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ]);
+        let kinds: Vec<&str> = crds
+            .split_whitespace()
+            .filter(|n| !n.ends_with(".clusterctl.cluster.x-k8s.io"))
+            .chain(["secrets"])
+            .collect();
+        self.get(&["-n", ns, &kinds.join(",")])["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// `ns/name` of the Cluster re-provisioned by this cluster's controllers: infrastructure
     /// provisioned, control plane initialized, Available, every Machine with a nodeRef.
     pub fn provisioned(&self, ns: &str, name: &str, machines: usize) -> Option<String> {
@@ -429,6 +511,24 @@ pub fn ready_pods(w: &Watch) -> Vec<(f64, String, usize)> {
 
 /// A probe that failed: when, on which cluster, of which kind, and the error.
 pub type Failed = (f64, String, String, String);
+
+/// The Ready pods of namespace `ns` now.
+pub fn ready_pod_names(m: &Mgmt, ns: &str) -> Vec<String> {
+    m.get(&["-n", ns, "pods"])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| {
+            p["metadata"]["deletionTimestamp"].is_null()
+                && p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .map(|p| p["metadata"]["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}
 
 /// Server-side dry-run creates through every fail-closed webhook of the workload's kinds, one
 /// object per cluster a tick, for as long as it runs: `(at, cluster, kind, error)` of each that

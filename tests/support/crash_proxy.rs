@@ -18,9 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::proxy::{ForwardError, Out, Proxy, forward, relay, status};
+use http_body_util::BodyExt as _;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+use super::proxy::{ForwardError, Out, Proxy, forward_bytes, relay, status};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Agent {
     Handoff,
     Clusterctl,
@@ -32,7 +34,7 @@ pub struct Write {
     pub agent: Agent,
     /// `source` or `target` (of the move running now).
     pub role: &'static str,
-    /// `METHOD resource[/subresource] in ROLE`.
+    /// `METHOD resource[/subresource] [what] in ROLE` (`what_of`).
     pub label: String,
     /// `METHOD /path`, for the log.
     pub line: String,
@@ -141,6 +143,42 @@ impl CrashProxies {
     }
 }
 
+/// What a write writes, for its label: the object where its name is stable across runs (a
+/// Lease, a Deployment, a Cluster; a Pod's is random, its namespace is not), and for a
+/// MoveWindow's status the step and phases it records. Empty for the rest.
+fn what_of(resource: &str, path: &str, body: &[u8]) -> String {
+    let path = path.split('?').next().unwrap_or(path);
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let ns = parts
+        .iter()
+        .position(|p| *p == "namespaces")
+        .and_then(|i| parts.get(i + 1))
+        .copied()
+        .unwrap_or("");
+    match resource {
+        "movewindows/status" => {
+            let s: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            let s = &s["status"];
+            format!(
+                " ({}, move {}: {})",
+                s["phase"].as_str().unwrap_or("-"),
+                s["move"]["phase"].as_str().unwrap_or("-"),
+                s["lastStep"].as_str().unwrap_or("-")
+            )
+        }
+        "pods" => format!(" {ns}"),
+        "leases" | "deployments" | "deployments/scale" | "clusters" => {
+            let name = path.rsplit('/').next().unwrap_or("");
+            let name = match resource {
+                "deployments/scale" => parts.iter().rev().nth(1).copied().unwrap_or(""),
+                _ => name,
+            };
+            format!(" {ns}/{name}")
+        }
+        _ => String::new(),
+    }
+}
+
 async fn handle(
     req: http::Request<hyper::body::Incoming>,
     client: kube::Client,
@@ -152,10 +190,13 @@ async fn handle(
         .uri()
         .path_and_query()
         .map_or("/".to_string(), |p| p.as_str().to_string());
+    let resource = resource_of(&target);
+    // Reviews and dry runs change nothing: no crash point.
     let write = matches!(
         method,
         http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
-    );
+    ) && !resource.ends_with("reviews")
+        && !target.contains("dryRun=");
     let agent = match req
         .headers()
         .get(http::header::USER_AGENT)
@@ -164,12 +205,21 @@ async fn handle(
         Some(ua) if ua.starts_with("clusterctl") => Agent::Clusterctl,
         _ => Agent::Handoff,
     };
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return status(503, "ServiceUnavailable", &e.to_string()),
+    };
     if write && !shared.fired.load(Ordering::SeqCst) {
         let role = shared.roles.lock().unwrap()[index];
+        let what = match agent {
+            Agent::Handoff => what_of(&resource, &target, &body),
+            Agent::Clusterctl => String::new(),
+        };
         let w = Write {
             agent,
             role,
-            label: format!("{method} {} in {role}", resource_of(&target)),
+            label: format!("{method} {resource}{what} in {role}"),
             line: format!("{method} {target}"),
         };
         let hit = {
@@ -183,8 +233,8 @@ async fn handle(
             }
         };
         shared.log.lock().unwrap().push(w);
-        if hit {
-            let pid = shared.victim.load(Ordering::SeqCst);
+        let pid = shared.victim.load(Ordering::SeqCst);
+        if hit && pid > 0 {
             // SAFETY: kill(2) of the test's own child, by pid.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
@@ -195,8 +245,7 @@ async fn handle(
             }
         }
     }
-    let (parts, body) = req.into_parts();
-    match forward(&client, &parts, &target, body).await {
+    match forward_bytes(&client, &parts, &target, body).await {
         Ok(response) => relay(response, std::future::pending()),
         Err(ForwardError::Body(e)) => status(503, "ServiceUnavailable", &e),
         Err(ForwardError::Send(e)) => status(503, "ServiceUnavailable", &e),
@@ -218,7 +267,10 @@ mod tests {
                 "/apis/apps/v1/namespaces/x/deployments/d/scale?fieldManager=h",
                 "deployments/scale",
             ),
-            ("/apis/handoff.dev/v1alpha1/movewindows/w/status", "movewindows/status"),
+            (
+                "/apis/handoff.dev/v1alpha1/movewindows/w/status",
+                "movewindows/status",
+            ),
             ("/apis/handoff.dev/v1alpha1/movewindows", "movewindows"),
             ("/api/v1/namespaces/ns1/pods/p", "pods"),
             ("/api/v1/namespaces/ns1", "namespaces"),

@@ -29,7 +29,6 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-
 use super::apiserver::{ADMIN, ApiServer};
 use super::proxy::{ForwardError, Out, Proxy, forward, relay};
 

@@ -1,5 +1,6 @@
 pub mod apiserver;
 pub mod capi;
+pub mod crash_proxy;
 pub mod fault_proxy;
 pub mod https;
 pub mod kcp;

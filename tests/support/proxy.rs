@@ -167,6 +167,16 @@ pub async fn forward(
         .await
         .map_err(|e| ForwardError::Body(e.to_string()))?
         .to_bytes();
+    forward_bytes(client, parts, target, body).await
+}
+
+/// `forward`, with the request's body read already.
+pub async fn forward_bytes(
+    client: &kube::Client,
+    parts: &http::request::Parts,
+    target: &str,
+    body: Bytes,
+) -> Result<http::Response<kube::client::Body>, ForwardError> {
     let mut request = http::Request::builder()
         .method(parts.method.clone())
         .uri(target);
@@ -213,4 +223,3 @@ pub fn relay(
     out.body(http_body_util::StreamBody::new(stream).boxed_unsync())
         .expect("response")
 }
-

@@ -45,11 +45,29 @@ async fn read_record(c: &Cluster, window: &str) -> Result<Option<MoveRecord>> {
         .and_then(|s| s.move_record))
 }
 
-/// Change the move's record on the target's window; nothing to record where there is no
-/// window yet (an `--abort` of a move that never started).
+/// Change the move's record on the target's window, where there is one: an `--abort` of a
+/// move that died before it recorded anything must leave none (a record of no namespace would
+/// refuse the next move).
 async fn note(c: &Cluster, window: &str, f: impl Fn(&mut MoveRecord)) -> Result<()> {
-    match record(c, window, |s| {
-        f(s.move_record.get_or_insert_with(MoveRecord::default))
+    write_record(c, window, false, f).await
+}
+
+/// Begin the move's record (or a re-run's, over the one there).
+async fn begin(c: &Cluster, window: &str, f: impl Fn(&mut MoveRecord)) -> Result<()> {
+    write_record(c, window, true, f).await
+}
+
+/// Nothing to record where there is no window yet (an `--abort` of a move that never started).
+async fn write_record(
+    c: &Cluster,
+    window: &str,
+    create: bool,
+    f: impl Fn(&mut MoveRecord),
+) -> Result<()> {
+    match record(c, window, |s| match (&mut s.move_record, create) {
+        (Some(m), _) => f(m),
+        (r @ None, true) => f(r.get_or_insert_with(MoveRecord::default)),
+        (None, false) => {}
     })
     .await
     {
@@ -59,6 +77,22 @@ async fn note(c: &Cluster, window: &str, f: impl Fn(&mut MoveRecord)) -> Result<
         }) if e.code == 404 => Ok(()),
         r => r.map(|_| ()),
     }
+}
+
+/// Where an unfinished move resumes, from what the clusters hold now. clusterctl deletes from
+/// the source only once it has created everything in the target: an object marked or being
+/// deleted in the source, or one the target holds and the source no longer does, says the
+/// deletes have begun.
+async fn resumed(source: &Cluster, target: &Cluster, r: &MoveRecord) -> Result<Start> {
+    let ns = &r.namespace;
+    let (s, t) = (scan(source, ns).await?, scan(target, ns).await?);
+    let deleting = !s.deleting.is_empty() || t.objects.iter().any(|o| !s.objects.contains(o));
+    Ok(move_plan::resume(
+        r,
+        &clusters_in(source, ns).await?,
+        &clusters_in(target, ns).await?,
+        deleting,
+    ))
 }
 
 /// A phase: its name on a line, its duration when it ends.
@@ -107,17 +141,7 @@ pub async fn run(
         move_plan::start(recorded.as_ref(), &ns).map_err(|e| refused(target, e.to_string()))?;
     let r = recorded.clone().unwrap_or_default();
     if start == Start::Resume {
-        // clusterctl deletes from the source only once it has created everything in the
-        // target: an object marked or being deleted in the source, or one the target holds and
-        // the source no longer does, says the deletes have begun.
-        let (s, t) = (scan(source, &ns).await?, scan(target, &ns).await?);
-        let deleting = !s.deleting.is_empty() || t.objects.iter().any(|o| !s.objects.contains(o));
-        start = move_plan::resume(
-            &r,
-            &clusters_in(source, &ns).await?,
-            &clusters_in(target, &ns).await?,
-            deleting,
-        );
+        start = resumed(source, target, &r).await?;
     }
     let fresh = start == Start::Fresh;
     let mut restored = Vec::new();
@@ -269,7 +293,7 @@ pub async fn run(
         .map(|t| t.to_string());
     let keys = |v: &[ClusterSeen]| v.iter().map(|c| c.key.clone()).collect::<Vec<_>>();
     let (cluster_keys, class_keys) = (keys(&clusters), keys(&classes));
-    note(target, &opts.window, |m| {
+    begin(target, &opts.window, |m| {
         let mut at_start = m.clusters.clone();
         at_start.extend(cluster_keys.iter().cloned());
         at_start.sort();

@@ -8,11 +8,11 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::super::close::{Restored, close};
-use super::super::common::{Cluster, Result, read_window};
-use super::super::move_plan::{self, BLOCK_MOVE, PAUSED_ANNOTATION};
+use super::super::common::{Cluster, Result, WindowError, read_window};
+use super::super::move_plan::{self, BLOCK_MOVE, PAUSED_ANNOTATION, Start};
 use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in};
 use super::clusterctl::lift_block_move;
-use super::{MoveOptions, note, phase, read_record};
+use super::{MoveOptions, note, phase, read_record, resumed};
 use crate::resources::move_window::{MoveRecord, MoveRole, Strategy};
 
 /// Unpause what clusterctl paused: Clusters (`spec.paused`) and ClusterClasses (the paused
@@ -215,7 +215,19 @@ pub async fn abort(
             opts.flags.namespace
         );
     }
-    if recorded.is_some() {
+    if let Some(r) = recorded {
+        let start = match move_plan::start(Some(r), &r.namespace) {
+            Ok(Start::Resume) => resumed(source, target, r).await?,
+            Ok(s) => s,
+            // An --abort that did not finish: this one finishes it.
+            Err(_) => Start::Resume,
+        };
+        if let Some(why) = move_plan::abort_refused(&start, &ns) {
+            return Err(WindowError::Refused {
+                cluster: target.label.clone(),
+                message: why,
+            });
+        }
         note(target, &opts.window, |m| m.phase = "Aborting".into()).await?;
     }
     let lifted = lift_block_move(source, target, &opts.window, &ns).await?;
