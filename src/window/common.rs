@@ -27,7 +27,7 @@ pub struct Cluster {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WindowError {
-    #[error("{cluster}: {action}: {source}")]
+    #[error("{cluster}: {action}: {source}{}", handoff_webhook_down(.source))]
     Api {
         cluster: String,
         action: String,
@@ -63,6 +63,24 @@ pub fn labels<'a>(clusters: impl IntoIterator<Item = &'a Cluster>) -> String {
         .map(|c| c.label.as_str())
         .collect::<Vec<_>>()
         .join("+")
+}
+
+/// What to do when the API server refused a write because one of handoff's own fail-closed
+/// webhooks did not answer (the handoff-pin Deployment is down): they hold what a window holds,
+/// against everyone, this command included, until they answer again. Empty for anything else.
+pub fn handoff_webhook_down(e: &kube::Error) -> String {
+    let kube::Error::Api(s) = e else {
+        return String::new();
+    };
+    let held = match () {
+        _ if !s.message.contains("failed calling webhook") => return String::new(),
+        _ if s.message.contains("lease-hold.handoff.dev") => "a Lease a window holds",
+        _ if s.message.contains("move-window.handoff.dev") => "a Cluster API provider's Deployment",
+        _ => return String::new(),
+    };
+    format!(
+        "\nhandoff's webhook is not answering (the handoff-pin Deployment), and it fails closed: nobody can change {held} until it answers again, this command included; what the window holds stays held meanwhile. Bring it back (kubectl -n handoff-system rollout status deployment/handoff-pin; its pods' logs say why it is down), then run the same command again"
+    )
 }
 
 pub fn api_err(c: &Cluster, action: impl Into<String>) -> impl FnOnce(kube::Error) -> WindowError {
@@ -193,5 +211,42 @@ pub fn upsert_pinned(status: &mut MoveWindowStatus, entry: PinnedDeployment) {
                 .pinned
                 .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::handoff_webhook_down;
+
+    #[test]
+    fn a_refusal_by_handoffs_own_webhook_says_what_to_do() {
+        let refused = |message: &str| {
+            let mut s = kube::core::Status::failure(message, "InternalError");
+            s.code = 500;
+            kube::Error::Api(Box::new(s))
+        };
+        let hint = handoff_webhook_down(&refused(
+            r#"Internal error occurred: failed calling webhook "lease-hold.handoff.dev": failed to call webhook: Post "https://handoff-pin.handoff-system.svc:443/validate/lease-hold?timeout=5s": dial tcp 10.96.0.12:443: connect: connection refused"#,
+        ));
+        assert!(
+            hint.contains("a Lease a window holds") && hint.contains("handoff-pin"),
+            "{hint}"
+        );
+        assert!(
+            handoff_webhook_down(&refused(
+                r#"failed calling webhook "move-window.handoff.dev": x"#
+            ))
+            .contains("provider's Deployment")
+        );
+        assert_eq!(
+            handoff_webhook_down(&refused(
+                r#"failed calling webhook "validation.cluster.x-k8s.io": x"#
+            )),
+            ""
+        );
+        assert_eq!(
+            handoff_webhook_down(&refused("leases.coordination.k8s.io \"l\" not found")),
+            ""
+        );
     }
 }

@@ -224,6 +224,14 @@ impl Mgmt {
         self.handoff = Some(h);
     }
 
+    /// Stop this cluster's `handoff serve`: its webhooks no longer answer (as when the
+    /// handoff-pin Deployment is gone); `register_handoff` brings one back.
+    pub fn stop_handoff(&mut self) {
+        if let Some(mut h) = self.handoff.take() {
+            h.stop();
+        }
+    }
+
     /// `workload.sh`: a workload cluster (KCP with one machine, a MachineDeployment with
     /// `workers`), returned running; `wait` on it.
     pub fn workload(&self, rig: &Rig, ns: &str, name: &str, workers: u32) -> Child {
@@ -308,6 +316,65 @@ impl Mgmt {
                 .as_str()
                 .unwrap_or("");
             assert!(!block.starts_with("handoff.dev/"), "{}: {c}", self.name);
+        }
+    }
+
+    /// Stop this cluster's kube-apiserver (SIGTERM, as a control-plane node's restart does) and
+    /// start it again with the same arguments, port and etcd, as `start-apiserver.sh` launched
+    /// it (its own session, the same log and pid file, so `down.sh` stops it). Returns once
+    /// `/readyz` answers again, with how long it was gone.
+    pub fn restart_apiserver(&self, down: Duration) -> Duration {
+        let dir = self.dir.join("apiserver");
+        let pid_file = dir.join("kube-apiserver.pid");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .expect("kube-apiserver.pid")
+            .trim()
+            .parse()
+            .expect("a pid");
+        let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .expect("kube-apiserver's command line")
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let started = std::time::Instant::now();
+        // SAFETY: kill(2) of the kube-apiserver this cluster started, by its recorded pid.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        while Path::new(&format!("/proc/{pid}")).exists()
+            && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| !s.contains(") Z "))
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(down);
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("kube-apiserver.log"))
+            .expect("kube-apiserver.log");
+        let status = Command::new("setsid")
+            .args(["bash", "-c", "echo $$ >\"$0\"; exec \"$@\""])
+            .arg(&pid_file)
+            .args(&argv)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn();
+        status.expect("kube-apiserver again");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = self.kubectl(&["get", "--raw", "/readyz"]);
+            if out.status.success() && text(&out.stdout).trim() == "ok" {
+                return started.elapsed();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: kube-apiserver not ready again after a minute: {}",
+                self.name,
+                text(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 

@@ -2,6 +2,7 @@
 //! moves: Clusters, ClusterClasses, and the objects clusterctl moves (their block-move and
 //! delete marks).
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
@@ -77,7 +78,7 @@ pub async fn clusters_in(c: &Cluster, ns: &str) -> Result<Vec<ClusterSeen>> {
 /// What the other objects clusterctl moves say: which carry a block-move, which are marked for
 /// deletion. They are the instances, in the namespace, of the CRDs labelled
 /// `clusterctl.cluster.x-k8s.io`, as clusterctl's discovery selects them (`objectgraph.go`,
-/// `getDiscoveryTypes`).
+/// `getDiscoveryTypes`), and the namespace's Secrets.
 #[derive(Debug, Default)]
 pub struct Scan {
     /// Every such object, as `Kind namespace/name`.
@@ -122,6 +123,25 @@ pub async fn scan(c: &Cluster, ns: &str) -> Result<Scan> {
                 out.blocking.push(what);
             }
         }
+    }
+    // clusterctl moves the namespace's Secrets too (a Cluster's CA, kubeconfig, etcd and
+    // service-account keys), and may delete one first: a CA deleted from the source and then
+    // re-created by the source's control plane would split the workload cluster's trust.
+    let secrets = Api::<Secret>::namespaced(c.client.clone(), ns)
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(api_err(c, format!("listing secrets in {ns}")))?;
+    for o in secrets.items {
+        let what = format!("Secret {ns}/{}", o.metadata.name.unwrap_or_default());
+        if o.metadata.deletion_timestamp.is_some()
+            || o.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(DELETE_FOR_MOVE))
+        {
+            out.deleting.push(what.clone());
+        }
+        out.objects.push(what);
     }
     out.objects.sort();
     out.blocking.sort();
