@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use support::apiserver::{eventually, skip, text};
 use support::capi::{
-    Event, Mgmt, PROVIDERS, Prober, Rig, WINDOW_HOLDER, Watch, holders, klog_time, probe_objects,
-    ready_pods, wall,
+    Event, Mgmt, PROVIDERS, Prober, Rig, WINDOW_HOLDER, Watch, holders, probe_objects, ready_pods,
+    wall,
 };
 
 /// What one cluster's watches saw.
@@ -67,29 +67,7 @@ fn handoff_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) -> (bool, String, f
 }
 
 fn move_command(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
-    cmd.arg("move")
-        .arg("--kubeconfig")
-        .arg(&from.kubeconfig)
-        .arg("--to-kubeconfig")
-        .arg(&to.kubeconfig)
-        .args(["--namespace", ns])
-        .arg("--clusterctl")
-        .arg(rig.clusterctl())
-        .env_remove("KUBECONFIG");
-    for (k, v) in rig.clusterctl_env() {
-        cmd.env(k, v);
-    }
-    cmd
-}
-
-/// Whether the window holds every provider Lease of `m` now.
-fn all_held(m: &Mgmt) -> bool {
-    PROVIDERS.iter().all(|(ns, _, lease)| {
-        m.get(&["-n", ns, "lease", lease])["spec"]["holderIdentity"]
-            .as_str()
-            .is_some_and(|h| h.starts_with(WINDOW_HOLDER))
-    })
+    rig.handoff_move(&from.kubeconfig, &to.kubeconfig, ns)
 }
 
 /// A move during which a provider takes one of its Leases back (freed by hand, as its
@@ -104,7 +82,10 @@ fn a_lease_taken_back_stops_the_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str
     eventually(
         "the window holding every provider Lease of both clusters",
         Duration::from_secs(120),
-        || (all_held(from) && all_held(to)).then_some(()),
+        || {
+            (from.window_holds_every_provider_lease() && to.window_holds_every_provider_lease())
+                .then_some(())
+        },
     );
     to.ok(&[
         "-n",
@@ -267,20 +248,13 @@ fn check_move(
         // No manager says it acquired its Lease during the copy; and the same logs, read the
         // same way, do show each provider acquiring it again after the restore.
         let mut again = 0;
-        for (pod, line) in m.manager_logs() {
-            // client-go: `"Successfully acquired lease" lock="ns/name"` (structured klog).
-            if line
-                .to_ascii_lowercase()
-                .contains("successfully acquired lease")
-                && let Some(t) = klog_time(&line)
-            {
-                assert!(
-                    !(t >= first_create && t <= last_delete),
-                    "{}: {pod} acquired its Lease during the copy: {line}",
-                    m.name
-                );
-                again += usize::from(t > last_delete && t <= ended);
-            }
+        for (pod, line, t) in m.lease_acquisitions() {
+            assert!(
+                !(t >= first_create && t <= last_delete),
+                "{}: {pod} acquired its Lease during the copy: {line}",
+                m.name
+            );
+            again += usize::from(t > last_delete && t <= ended);
         }
         assert!(
             again >= PROVIDERS.len(),

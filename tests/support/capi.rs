@@ -111,6 +111,24 @@ impl Rig {
         ]
     }
 
+    /// `handoff move` from `from` to `to` (kubeconfig paths), with clusterctl's environment.
+    pub fn handoff_move(&self, from: &Path, to: &Path, ns: &str) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
+        cmd.arg("move")
+            .arg("--kubeconfig")
+            .arg(from)
+            .arg("--to-kubeconfig")
+            .arg(to)
+            .args(["--namespace", ns])
+            .arg("--clusterctl")
+            .arg(self.clusterctl())
+            .env_remove("KUBECONFIG");
+        for (k, v) in self.clusterctl_env() {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
     /// Management clusters, started in parallel (`up.sh DIR NAME`), with `env` for up.sh
     /// (leader-election settings, restart back-off).
     pub fn up(&self, dir: &Path, names: &[&'static str], env: &[(&str, &str)]) -> Vec<Mgmt> {
@@ -319,7 +337,7 @@ impl Mgmt {
         }
     }
 
-    /// Stop this cluster's kube-apiserver (SIGTERM, as a control-plane node's restart does) and
+    /// Stop this cluster's kube-apiserver (SIGTERM, then SIGKILL after 5 s) and
     /// start it again with the same arguments, port and etcd, as `start-apiserver.sh` launched
     /// it (its own session, the same log and pid file, so `down.sh` stops it). Returns once
     /// `/readyz` answers again, with how long it was gone.
@@ -338,30 +356,45 @@ impl Mgmt {
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
         let started = std::time::Instant::now();
-        // SAFETY: kill(2) of the kube-apiserver this cluster started, by its recorded pid.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
-        while Path::new(&format!("/proc/{pid}")).exists()
-            && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| !s.contains(") Z "))
-        {
-            std::thread::sleep(Duration::from_millis(50));
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+        };
+        // SIGTERM, and SIGKILL after 5 s, as a kubelet restarting a static pod with a short
+        // grace period does: left to drain, it waits out its 60 s request timeout for every
+        // client still connected.
+        for (sig, wait) in [(libc::SIGTERM, 5.0), (libc::SIGKILL, 30.0)] {
+            // SAFETY: kill(2) of the kube-apiserver this cluster started, by its recorded pid.
+            unsafe {
+                libc::kill(pid, sig);
+            }
+            let t = std::time::Instant::now();
+            while alive() && t.elapsed().as_secs_f64() < wait {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if !alive() {
+                break;
+            }
         }
         std::thread::sleep(down);
         let log = std::fs::OpenOptions::new()
             .append(true)
             .open(dir.join("kube-apiserver.log"))
             .expect("kube-apiserver.log");
+        // --fork: the server is no child of ours (down.sh stops it by its pid file).
         let status = Command::new("setsid")
-            .args(["bash", "-c", "echo $$ >\"$0\"; exec \"$@\""])
+            .args(["--fork", "bash", "-c", "echo $$ >\"$0\"; exec \"$@\""])
             .arg(&pid_file)
             .args(&argv)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
-            .spawn();
-        status.expect("kube-apiserver again");
+            .status()
+            .expect("setsid");
+        assert!(
+            status.success(),
+            "{}: kube-apiserver again: {status}",
+            self.name
+        );
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let out = self.kubectl(&["get", "--raw", "/readyz"]);
@@ -376,6 +409,28 @@ impl Mgmt {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Whether the window holds every provider Lease now.
+    pub fn window_holds_every_provider_lease(&self) -> bool {
+        PROVIDERS.iter().all(|(ns, _, lease)| {
+            self.get(&["-n", ns, "lease", lease])["spec"]["holderIdentity"]
+                .as_str()
+                .is_some_and(|h| h.starts_with(WINDOW_HOLDER))
+        })
+    }
+
+    /// Every time a manager logged acquiring its Lease: (pod, line, when). client-go logs
+    /// `"Successfully acquired lease" lock="ns/name"` (structured klog).
+    pub fn lease_acquisitions(&self) -> Vec<(String, String, f64)> {
+        self.manager_logs()
+            .into_iter()
+            .filter(|(_, line)| {
+                line.to_ascii_lowercase()
+                    .contains("successfully acquired lease")
+            })
+            .filter_map(|(pod, line)| klog_time(&line).map(|t| (pod, line, t)))
+            .collect()
     }
 
     /// Whether every provider Lease is held by a pod of its own Deployment now.
