@@ -78,7 +78,7 @@ pub async fn clusters_in(c: &Cluster, ns: &str) -> Result<Vec<ClusterSeen>> {
 /// What the other objects clusterctl moves say: which carry a block-move, which are marked for
 /// deletion. They are the instances, in the namespace, of the CRDs labelled
 /// `clusterctl.cluster.x-k8s.io`, as clusterctl's discovery selects them (`objectgraph.go`,
-/// `getDiscoveryTypes`), and the namespace's Secrets.
+/// `getDiscoveryTypes`); the namespace's Secrets are `secrets_in`.
 #[derive(Debug, Default)]
 pub struct Scan {
     /// Every such object, as `Kind namespace/name`.
@@ -124,13 +124,27 @@ pub async fn scan(c: &Cluster, ns: &str) -> Result<Scan> {
             }
         }
     }
-    // clusterctl moves the namespace's Secrets too (a Cluster's CA, kubeconfig, etcd and
-    // service-account keys), and may delete one first: a CA deleted from the source and then
-    // re-created by the source's control plane would split the workload cluster's trust.
-    let secrets = Api::<Secret>::namespaced(c.client.clone(), ns)
+    out.objects.sort();
+    out.blocking.sort();
+    out.deleting.sort();
+    Ok(out)
+}
+
+/// The namespace's Secrets, as `scan` reports objects (every one, and those marked for
+/// deletion): clusterctl moves them too (a Cluster's CA, kubeconfig, etcd and service-account
+/// keys) and, as leaves of its graph, deletes them from the source first. A CA deleted there
+/// and re-created by the source's control plane would split the workload cluster's trust.
+/// `None` where this user may not list Secrets (the operator roles alone do not grant it).
+pub async fn secrets_in(c: &Cluster, ns: &str) -> Result<Option<Scan>> {
+    let listed = Api::<Secret>::namespaced(c.client.clone(), ns)
         .list_metadata(&ListParams::default())
-        .await
-        .map_err(api_err(c, format!("listing secrets in {ns}")))?;
+        .await;
+    let secrets = match listed {
+        Ok(l) => l,
+        Err(kube::Error::Api(e)) if e.code == 403 => return Ok(None),
+        Err(e) => return Err(api_err(c, format!("listing secrets in {ns}"))(e)),
+    };
+    let mut out = Scan::default();
     for o in secrets.items {
         let what = format!("Secret {ns}/{}", o.metadata.name.unwrap_or_default());
         if o.metadata.deletion_timestamp.is_some()
@@ -143,10 +157,7 @@ pub async fn scan(c: &Cluster, ns: &str) -> Result<Scan> {
         }
         out.objects.push(what);
     }
-    out.objects.sort();
-    out.blocking.sort();
-    out.deleting.sort();
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// Merge-patch one object of `crd` (`namespace/name`); `false` when it is gone.

@@ -21,7 +21,7 @@ use super::move_plan::{self, BLOCK_MOVE, ClusterSeen, ClusterctlFlags, PAUSED_AN
 use super::open::{OpenOptions, Taken, check, first_taken, open, prove, ready_standbys, take};
 use crate::resources::move_window::{MoveRecord, WindowState};
 use child::Signals;
-use cluster_api::{CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in, scan};
+use cluster_api::{CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in, scan, secrets_in};
 use clusterctl::{SourceStop, dry_run, lift_block_move, render_args, run_clusterctl};
 use restore::{abort, finish, restore, unpause, unpause_what_clusterctl_paused};
 
@@ -83,9 +83,27 @@ async fn write_record(
 /// the source only once it has created everything in the target: an object marked or being
 /// deleted in the source, or one the target holds and the source no longer does, says the
 /// deletes have begun.
-async fn resumed(source: &Cluster, target: &Cluster, r: &MoveRecord) -> Result<Start> {
+async fn resumed(
+    source: &Cluster,
+    target: &Cluster,
+    r: &MoveRecord,
+    out: &mut dyn Write,
+) -> Result<Start> {
     let ns = &r.namespace;
-    let (s, t) = (scan(source, ns).await?, scan(target, ns).await?);
+    let (mut s, mut t) = (scan(source, ns).await?, scan(target, ns).await?);
+    match (secrets_in(source, ns).await?, secrets_in(target, ns).await?) {
+        (Some(ss), Some(ts)) => {
+            s.objects.extend(ss.objects);
+            s.deleting.extend(ss.deleting);
+            t.objects.extend(ts.objects);
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "warning: cannot list the Secrets of namespace {ns} (forbidden), so whether clusterctl had begun deleting them from the source is judged by its other objects alone; clusterctl itself needs them: run handoff move as the user who runs clusterctl move"
+            );
+        }
+    }
     let deleting = !s.deleting.is_empty() || t.objects.iter().any(|o| !s.objects.contains(o));
     Ok(move_plan::resume(
         r,
@@ -141,7 +159,7 @@ pub async fn run(
         move_plan::start(recorded.as_ref(), &ns).map_err(|e| refused(target, e.to_string()))?;
     let r = recorded.clone().unwrap_or_default();
     if start == Start::Resume {
-        start = resumed(source, target, &r).await?;
+        start = resumed(source, target, &r, out).await?;
     }
     let fresh = start == Start::Fresh;
     let mut restored = Vec::new();

@@ -217,7 +217,7 @@ pub async fn abort(
     }
     if let Some(r) = recorded {
         let start = match move_plan::start(Some(r), &r.namespace) {
-            Ok(Start::Resume) => resumed(source, target, r).await?,
+            Ok(Start::Resume) => resumed(source, target, r, out).await?,
             Ok(s) => s,
             // An --abort that did not finish: this one finishes it.
             Err(_) => Start::Resume,
