@@ -24,8 +24,9 @@
 //! of handoff is left.
 //!
 //! Each run takes a rotating subset: `HANDOFF_CRASH_CASES` cases (default 1, for CI's time) of the
-//! points × {re-run, abort}, the next ones for each commit (`HANDOFF_CRASH_SEED`, by default
-//! the clone's number of commits); `HANDOFF_CRASH_ONLY=i,j` runs those. `HANDOFF_CRASH_CASES=all`
+//! points × {re-run, abort}, the next ones for each commit and each day (`HANDOFF_CRASH_SEED`,
+//! by default the clone's number of commits plus the day's number); `HANDOFF_CRASH_ONLY=i,j`
+//! runs those. `HANDOFF_CRASH_CASES=all`
 //! runs every one and then checks that every row of the README's table was met:
 //!
 //! ```sh
@@ -668,8 +669,8 @@ fn handoff_down_in_a_window(m: &mut Mgmt) {
 }
 
 /// Which of `n` cases run: `HANDOFF_CRASH_ONLY=4,17` those; `HANDOFF_CRASH_CASES=all` every
-/// one; else `HANDOFF_CRASH_CASES` of them (1), the next ones in turn for each commit
-/// (`HANDOFF_CRASH_SEED`, by default the number of commits in the clone, else the day).
+/// one; else `HANDOFF_CRASH_CASES` of them (1), the next ones in turn for each commit and each
+/// day (`HANDOFF_CRASH_SEED`, by default the clone's number of commits plus the day's number).
 fn choose(n: usize) -> Vec<usize> {
     if let Ok(only) = std::env::var("HANDOFF_CRASH_ONLY") {
         return only
@@ -688,18 +689,20 @@ fn choose(n: usize) -> Vec<usize> {
         return (0..n).collect();
     }
     let k: usize = cases.parse().unwrap_or(1).min(n);
+    // The commits and the day: a shallow clone (one commit) still turns, daily.
     let seed: usize = std::env::var("HANDOFF_CRASH_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .or_else(|| {
-            let out = Command::new("git")
+        .unwrap_or_else(|| {
+            let commits: usize = Command::new("git")
                 .args(["rev-list", "--count", "HEAD"])
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .output()
-                .ok()?;
-            text(&out.stdout).trim().parse().ok()
-        })
-        .unwrap_or_else(|| (support::capi::wall() / 86400.0) as usize);
+                .ok()
+                .and_then(|out| text(&out.stdout).trim().parse().ok())
+                .unwrap_or(0);
+            commits + (support::capi::wall() / 86400.0) as usize
+        });
     let chosen: Vec<usize> = (0..k).map(|i| (seed * k + i) % n).collect();
     eprintln!(
         "crash cases this run: {chosen:?} of {n} (HANDOFF_CRASH_SEED={seed}; HANDOFF_CRASH_ONLY={} for these again, HANDOFF_CRASH_CASES=all for every one)",
