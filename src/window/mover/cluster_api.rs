@@ -130,14 +130,16 @@ pub async fn scan(c: &Cluster, ns: &str) -> Result<Scan> {
     Ok(out)
 }
 
-/// The namespace's Secrets, as `scan` reports objects (every one, and those marked for
-/// deletion): clusterctl moves them too (a Cluster's CA, kubeconfig, etcd and service-account
-/// keys) and, as leaves of its graph, deletes them from the source first. A CA deleted there
-/// and re-created by the source's control plane would split the workload cluster's trust.
-/// `None` where this user may not list Secrets (the operator roles alone do not grant it).
+/// The namespace's Cluster API Secrets (labelled `cluster.x-k8s.io/cluster-name`), as `scan`
+/// reports objects (every one, and those marked for deletion): clusterctl moves them too (a
+/// Cluster's CA, kubeconfig, etcd, proxy and service-account keys, bootstrap data) and, as
+/// leaves of its graph, deletes them from the source first. A CA deleted there and re-created
+/// by the source's control plane would split the workload cluster's trust. Other Secrets (a
+/// pull secret a GitOps tool put in the target) say nothing of the move. `None` where this user
+/// may not list Secrets (the operator roles alone do not grant it).
 pub async fn secrets_in(c: &Cluster, ns: &str) -> Result<Option<Scan>> {
     let listed = Api::<Secret>::namespaced(c.client.clone(), ns)
-        .list_metadata(&ListParams::default())
+        .list_metadata(&ListParams::default().labels("cluster.x-k8s.io/cluster-name"))
         .await;
     let secrets = match listed {
         Ok(l) => l,
