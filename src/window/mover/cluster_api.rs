@@ -175,12 +175,60 @@ pub async fn patch(
     };
     let (ns, name) = key.split_once('/').unwrap_or(("", key));
     let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar);
-    match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-        Err(e) => Err(api_err(c, format!("{what} {} {key}", ar.kind))(e)),
+    let mut attempt = 1;
+    loop {
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch.clone()))
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
+            // A merge patch is the same patch again: retried while the provider's webhook
+            // that validates it blinks (a replica going as its Lease is taken over).
+            Err(kube::Error::Api(e)) if attempt < 5 && webhook_blinked(e.code, &e.message) => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(api_err(c, format!("{what} {} {key}", ar.kind))(e)),
+        }
+    }
+}
+
+/// Whether the API server refused a write only because a webhook it called was not there for
+/// a moment (its connection ended or was refused), not because the webhook said no.
+pub fn webhook_blinked(code: u16, message: &str) -> bool {
+    code == 500
+        && message.contains("failed calling webhook")
+        && [
+            "EOF",
+            "connection refused",
+            "connection reset",
+            "no endpoints available",
+        ]
+        .iter()
+        .any(|m| message.contains(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::webhook_blinked;
+
+    #[test]
+    fn a_webhook_that_blinked_is_retried_and_one_that_said_no_is_not() {
+        let eof = r#"Internal error occurred: failed calling webhook "validation.cluster.cluster.x-k8s.io": failed to call webhook: Post "https://capi-webhook-service.capi-system.svc:443/validate?timeout=10s": EOF"#;
+        assert!(webhook_blinked(500, eof));
+        assert!(webhook_blinked(
+            500,
+            r#"failed calling webhook "x": dial tcp 10.0.0.1:443: connect: connection refused"#
+        ));
+        assert!(!webhook_blinked(400, eof));
+        assert!(!webhook_blinked(
+            403,
+            r#"admission webhook "validation.cluster.cluster.x-k8s.io" denied the request: spec.paused: Forbidden"#
+        ));
+        assert!(!webhook_blinked(
+            500,
+            r#"failed calling webhook "x": failed to call webhook: context deadline exceeded"#
+        ));
     }
 }
