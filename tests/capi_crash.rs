@@ -622,17 +622,11 @@ fn handoff_down_in_a_window(m: &mut Mgmt) {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    let patched = m.kubectl(&[
-        "-n",
+    let patched = m.patch_lease(
         "capd-system",
-        "patch",
-        "lease",
         "controller-leader-election-capd",
-        "--type",
-        "merge",
-        "-p",
         r#"{"spec":{"holderIdentity":"someone-else"}}"#,
-    ]);
+    );
     let why = text(&patched.stderr);
     assert!(
         !patched.status.success() && why.contains("lease-hold.handoff.dev"),

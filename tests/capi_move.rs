@@ -87,17 +87,12 @@ fn a_lease_taken_back_stops_the_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str
                 .then_some(())
         },
     );
-    to.ok(&[
-        "-n",
+    let freed = to.patch_lease(
         "capd-system",
-        "patch",
-        "lease",
         "controller-leader-election-capd",
-        "--type",
-        "merge",
-        "-p",
         r#"{"spec":{"holderIdentity":"","leaseDurationSeconds":1}}"#,
-    ]);
+    );
+    assert!(freed.status.success(), "{}", text(&freed.stderr));
     let taker = eventually(
         "a CAPD pod taking its Lease back",
         Duration::from_secs(30),

@@ -411,6 +411,13 @@ impl Mgmt {
         }
     }
 
+    /// A merge patch of Lease `ns/name`, as an operator's `kubectl patch` sends it.
+    pub fn patch_lease(&self, ns: &str, name: &str, merge: &str) -> Output {
+        self.kubectl(&[
+            "-n", ns, "patch", "lease", name, "--type", "merge", "-p", merge,
+        ])
+    }
+
     /// Whether the window holds every provider Lease now.
     pub fn window_holds_every_provider_lease(&self) -> bool {
         PROVIDERS.iter().all(|(ns, _, lease)| {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use http_body_util::BodyExt as _;
 
-use super::proxy::{ForwardError, Out, Proxy, forward_bytes, relay, status};
+use super::proxy::{ForwardError, Out, Proxy, forward_bytes, relay, request_line, status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Agent {
@@ -36,8 +36,6 @@ pub struct Write {
     pub role: &'static str,
     /// `METHOD resource[/subresource] [what] in ROLE` (`what_of`).
     pub label: String,
-    /// `METHOD /path`, for the log.
-    pub line: String,
 }
 
 /// Where to kill handoff: at the `nth` (from 1) write of `agent` labelled `label`.
@@ -185,18 +183,10 @@ async fn handle(
     shared: Arc<Shared>,
     index: usize,
 ) -> Out {
-    let method = req.method().clone();
-    let target = req
-        .uri()
-        .path_and_query()
-        .map_or("/".to_string(), |p| p.as_str().to_string());
+    let (method, target, write) = request_line(&req);
     let resource = resource_of(&target);
     // Reviews and dry runs change nothing: no crash point.
-    let write = matches!(
-        method,
-        http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
-    ) && !resource.ends_with("reviews")
-        && !target.contains("dryRun=");
+    let write = write && !resource.ends_with("reviews") && !target.contains("dryRun=");
     let agent = match req
         .headers()
         .get(http::header::USER_AGENT)
@@ -220,7 +210,6 @@ async fn handle(
             agent,
             role,
             label: format!("{method} {resource}{what} in {role}"),
-            line: format!("{method} {target}"),
         };
         let hit = {
             let mut t = shared.trigger.lock().unwrap();

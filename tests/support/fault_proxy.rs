@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::apiserver::{ADMIN, ApiServer};
-use super::proxy::{ForwardError, Out, Proxy, forward, relay};
+use super::proxy::{ForwardError, Out, Proxy, forward, relay, request_line};
 
 /// One sequence across every proxy in the process: a test orders the writes to two clusters.
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -170,15 +170,7 @@ async fn handle(
     client: kube::Client,
     faults: Arc<Faults>,
 ) -> Out {
-    let method = req.method().clone();
-    let target = req
-        .uri()
-        .path_and_query()
-        .map_or("/".to_string(), |p| p.as_str().to_string());
-    let write = matches!(
-        method,
-        http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
-    );
+    let (method, target, write) = request_line(&req);
     faults
         .log
         .lock()

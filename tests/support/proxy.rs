@@ -223,3 +223,18 @@ pub fn relay(
     out.body(http_body_util::StreamBody::new(stream).boxed_unsync())
         .expect("response")
 }
+
+/// A request's method and `path?query` as sent, and whether it writes (POST, PUT, PATCH,
+/// DELETE).
+pub fn request_line<B>(req: &http::Request<B>) -> (http::Method, String, bool) {
+    let method = req.method().clone();
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or("/".to_string(), |p| p.as_str().to_string());
+    let write = matches!(
+        method,
+        http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
+    );
+    (method, target, write)
+}
