@@ -1,6 +1,6 @@
 //! handoff: Kubernetes admission webhooks that keep workloads whole while they move between
-//! clusters. See docs/ARCHITECTURE.md for how it is built (the `DESIGN §n` citations); the
-//! binary's entry point is `src/main.rs`.
+//! clusters. See docs/ARCHITECTURE.md for how it is built (the code's `docs/ARCHITECTURE.md §n`
+//! citations are its sections); the binary's entry point is `src/main.rs`.
 
 pub mod admission;
 pub mod admission_policy;

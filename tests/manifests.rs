@@ -5,7 +5,7 @@
 //! source tree). Every rendered object must be a kind we expect, must parse into its k8s-openapi
 //! type, and must come back out of that type unchanged: a field that k8s-openapi does not know
 //! (a typo, a field from a newer API, a wrong indentation) fails the test with its path. Then the
-//! properties that DESIGN.md and the operators rely on are checked on the typed objects.
+//! properties that docs/ARCHITECTURE.md and the operators rely on are checked on the typed objects.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -354,7 +354,7 @@ impl<'a> From<&'a MutatingWebhook> for Common<'a> {
     }
 }
 
-/// Where each webhook entry sends its reviews (DESIGN §1).
+/// Where each webhook entry sends its reviews (docs/ARCHITECTURE.md §1).
 fn path_of(webhook: &str) -> &'static str {
     match webhook {
         "sync-finalizer.handoff.dev" => "/validate/sync-finalizer",
@@ -602,7 +602,7 @@ fn check_webhooks(r: &Rendered, endpoint: &Endpoint) {
     );
     assert!(deployments.match_conditions.is_none());
 
-    // A Scale carries no labels: an objectSelector would never match (DESIGN §1.2). It matches
+    // A Scale carries no labels: an objectSelector would never match (docs/ARCHITECTURE.md §1.2). It matches
     // every Deployment's scale, so it must not fail closed.
     assert_eq!(scale.failure_policy.as_deref(), Some("Ignore"));
     assert!(
@@ -827,7 +827,7 @@ fn check_in_cluster(r: &Rendered) {
     assert_eq!(subjects.len(), 1);
     assert_eq!(subjects[0].name, "handoff-guard");
 
-    // One Deployment, Service and PodDisruptionBudget per webhook (DESIGN §1.3).
+    // One Deployment, Service and PodDisruptionBudget per webhook (docs/ARCHITECTURE.md §1.3).
     assert_eq!(r.deployments.len(), 2);
     assert_eq!(r.pdbs.len(), 2);
     assert_eq!(r.services.len(), 2);

@@ -330,7 +330,7 @@ fn with_app(state: State) -> State {
     state
 }
 
-/// DESIGN §1.3: the `deployments/scale` entry sees every scale-up in the cluster, and an
+/// docs/ARCHITECTURE.md §1.3: the `deployments/scale` entry sees every scale-up in the cluster, and an
 /// application's is never refused, whatever handoff cannot know.
 #[tokio::test]
 async fn an_apps_scale_up_passes_whatever_the_pin_cannot_know() {

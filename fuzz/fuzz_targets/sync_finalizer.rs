@@ -3,7 +3,7 @@
 //! a locator, a namespace carrying the request's `oldObject` annotations, a plain one and an
 //! unreadable one.
 //!
-//! Each on a proven view and on one nothing has proven lately (DESIGN §1.3).
+//! Each on a proven view and on one nothing has proven lately (docs/ARCHITECTURE.md §1.3).
 //!
 //! Invariants: no panic; a requester that cannot be a sync target is always allowed; a
 //! denial message is non-empty and one line (kubectl prints it after "denied the request: ");

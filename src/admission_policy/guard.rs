@@ -1,4 +1,4 @@
-//! The sync-finalizer guard (DESIGN §1.1) as a ValidatingAdmissionPolicy and its binding.
+//! The sync-finalizer guard (docs/ARCHITECTURE.md §1.1) as a ValidatingAdmissionPolicy and its binding.
 
 use std::fmt::Write as _;
 
@@ -12,7 +12,7 @@ use super::{GUARD_POLICY, ParamsRef};
 use crate::rules::identity::Identities;
 use crate::rules::rollout::{Mode, Rollout};
 
-/// The guard's ValidatingAdmissionPolicy: the rule of DESIGN §1.1 in CEL, reading the
+/// The guard's ValidatingAdmissionPolicy: the rule of docs/ARCHITECTURE.md §1.1 in CEL, reading the
 /// namespace's annotations (`namespaceObject`), the object's (`oldObject`; a delete-collection
 /// reaches admission once per item) and the published identities (`params`).
 pub fn guard_policy(ids: &Identities, rollout: &Rollout) -> Value {

@@ -1,4 +1,4 @@
-//! The rules as admission policies that run inside the API server (DESIGN §2.1), so that
+//! The rules as admission policies that run inside the API server (docs/ARCHITECTURE.md §2.1), so that
 //! they keep holding while no handoff replica runs. Everything here is pure: from the config
 //! and the identities handoff can compute to the API objects; `apply` puts them in a cluster.
 //!

@@ -559,7 +559,7 @@ mod tests {
 
     #[test]
     fn kcp_key_vectors() {
-        // (cluster, name, scheme, key): the first two from kcp's own tests (DESIGN §1.1), the
+        // (cluster, name, scheme, key): the first two from kcp's own tests (docs/ARCHITECTURE.md §1.1), the
         // rest computed with Python's hashlib from the same algorithm (SHA-224, big.Int.Text(62)).
         let rows = [
             (

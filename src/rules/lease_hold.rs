@@ -1,4 +1,4 @@
-//! The held-Lease guard (DESIGN §1.2, §1.3): while a MoveWindow holds a controller's
+//! The held-Lease guard (docs/ARCHITECTURE.md §1.2, §1.3): while a MoveWindow holds a controller's
 //! leader-election Lease, only the window's operator may change or delete it.
 //!
 //! Everything it needs travels in the request: `handoff window open` writes the hold onto the

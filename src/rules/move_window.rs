@@ -1,4 +1,4 @@
-//! The move-window pin (DESIGN §1.2): a pure function from a Deployment write (or a scale
+//! The move-window pin (docs/ARCHITECTURE.md §1.2): a pure function from a Deployment write (or a scale
 //! request), the open windows and the parent Deployment's labels to a JSONPatch.
 
 use std::collections::BTreeMap;
@@ -118,7 +118,7 @@ impl Doubt<'_> {
     }
 }
 
-/// What handoff knows of the MoveWindows when a write arrives (DESIGN §1.3).
+/// What handoff knows of the MoveWindows when a write arrives (docs/ARCHITECTURE.md §1.3).
 #[derive(Debug, Clone)]
 pub struct WindowView<'a> {
     /// Open windows it has read and can trust.
@@ -340,7 +340,7 @@ pub enum PinVerdict {
 /// Decide one write. Idempotent: a request that is already pinned gets no patch operations.
 ///
 /// Only a write that a window selects is pinned, and only one that a window *could* select is
-/// refused while handoff cannot see every window or the parent of a Scale (DESIGN §1.3):
+/// refused while handoff cannot see every window or the parent of a Scale (docs/ARCHITECTURE.md §1.3):
 /// everything else passes, whatever handoff's caches know.
 pub fn decide(req: &PinRequest<'_>, view: &WindowView<'_>, own: &OwnDeployment) -> PinVerdict {
     if view.is_empty() {
@@ -1066,7 +1066,7 @@ mod tests {
         }
     }
 
-    /// The pin under unknown state (DESIGN §1.3): only what a window could select is refused.
+    /// The pin under unknown state (docs/ARCHITECTURE.md §1.3): only what a window could select is refused.
     #[test]
     fn unknown_state_table() {
         let capi = capi_labels();

@@ -5,7 +5,7 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
-/// The Cluster API provider controllers (DESIGN §1.2): what a MoveWindow selects when its
+/// The Cluster API provider controllers (docs/ARCHITECTURE.md §1.2): what a MoveWindow selects when its
 /// selector is empty.
 pub fn default_deployment_selector() -> LabelSelector {
     let req = |key: &str, operator: &str, values: Option<Vec<String>>| LabelSelectorRequirement {

@@ -1,4 +1,4 @@
-//! The sync-finalizer guard's rule (DESIGN §1.1): a pure function from a DELETE, the namespace
+//! The sync-finalizer guard's rule (docs/ARCHITECTURE.md §1.1): a pure function from a DELETE, the namespace
 //! it happens in and the configured identities to a verdict.
 
 use std::collections::BTreeMap;
@@ -247,7 +247,7 @@ impl AllowReason {
     }
 }
 
-/// Whether the namespace view can be shown to be current (DESIGN §1.3).
+/// Whether the namespace view can be shown to be current (docs/ARCHITECTURE.md §1.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Freshness {
     /// Read just now, proven by the watch within `--max-staleness`, or state from files.
@@ -801,7 +801,7 @@ mod tests {
                 (GuardVerdict::Deny { rule, .. }, Err(w)) => assert_eq!(rule, w, "{}", r.name),
                 _ => panic!("{}: got {got:?}, want {:?}", r.name, r.want),
             }
-            // On a view nothing has proven lately (DESIGN §1.3), a sync target's delete is
+            // On a view nothing has proven lately (docs/ARCHITECTURE.md §1.3), a sync target's delete is
             // never allowed, only read again; denials stand, and everyone else passes as before.
             let unproven =
                 decide_with_kcp(&req, state, KcpState::NotRead, Freshness::Unproven, &ids);

@@ -3,7 +3,7 @@
 //! Written once for namespaces, MoveWindows and Deployments alike: a relist updates it in place
 //! and sweeps out what it did not list (a request never sees a half-empty cache), events update it, a
 //! read on a miss fills it in without undoing a newer event, and the watch marks when it last
-//! proved the view current (DESIGN §1.3: a silently dead watch looks like a quiet cluster).
+//! proved the view current (docs/ARCHITECTURE.md §1.3: a silently dead watch looks like a quiet cluster).
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -120,7 +120,7 @@ impl<K: Hash + Eq, V: Clone> Projected<K, V> {
     /// A watch (re)started and lists everything again. The listing updates the cache in place
     /// and what it did not list is swept out when it ends: a request never sees a half-empty
     /// cache (every entry is the old view or a newer one), and a relist costs no second copy
-    /// of the cache (DESIGN §4: memory grows with namespaces, not with relists).
+    /// of the cache (memory grows with namespaces, not with relists: BENCHMARKS.md).
     pub fn begin_relist(&self) {
         let mut inner = self.write();
         inner.generation = inner.generation.wrapping_add(1);

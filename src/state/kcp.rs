@@ -1,5 +1,5 @@
 //! The kcp side (`--kcp-kubeconfig`): the namespaces in kcp that located physical namespaces
-//! stand for, read where kcp users set their holds (DESIGN §1.1), and mirrored onto the
+//! stand for, read where kcp users set their holds (docs/ARCHITECTURE.md §1.1), and mirrored onto the
 //! physical namespaces for the in-API-server policy.
 //!
 //! A kcp namespace is read at kcp's logical-cluster URL
@@ -370,7 +370,7 @@ async fn get(
 }
 
 /// Keep every located physical namespace's sync-finalizer annotations equal to its kcp
-/// namespace's, for as long as the process runs (DESIGN §2.1: the in-API-server policy cannot
+/// namespace's, for as long as the process runs (docs/ARCHITECTURE.md §2.1: the in-API-server policy cannot
 /// call kcp). Server-side apply with its own field manager and without force: it owns exactly
 /// the annotations it copied, an apply without one releases (removes) it, and an annotation
 /// another manager set with another value is never taken over or removed (the apply reports

@@ -194,13 +194,13 @@ spec:
             - 0.0.0.0:9090
             - --log-format
             - json
-            # Each webhook stands alone (DESIGN §1.3).
+            # Each webhook stands alone (docs/ARCHITECTURE.md §1.3).
             - --webhooks
             {{- if eq .component "guard" }}
             - sync-finalizer
             {{- else }}
             - move-window
-            # The pin's own Deployment is never pinned (DESIGN §1.2).
+            # The pin's own Deployment is never pinned (docs/ARCHITECTURE.md §1.2).
             - --own-deployment
             - $(POD_NAMESPACE)/handoff-pin
             {{- end }}
