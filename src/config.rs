@@ -116,11 +116,11 @@ pub enum InvalidConfig {
     SyncTargetUsernameEmpty { index: usize },
     #[error("syncTargets[{index}] ({username}): give either key, or both cluster and name")]
     SyncTargetKeyOrName { index: usize, username: String },
-    #[error("exemptions[{index}].username is empty")]
+    #[error("exemptions[{index}].username: must not be empty")]
     ExemptionUsernameEmpty { index: usize },
-    #[error("exemptions[{index}].group is empty")]
+    #[error("exemptions[{index}].group: must not be empty")]
     ExemptionGroupEmpty { index: usize },
-    #[error("exemptions[{index}] needs exactly one of username or group")]
+    #[error("exemptions[{index}]: give exactly one of username or group")]
     ExemptionNeedsOne { index: usize },
 }
 
@@ -139,7 +139,7 @@ impl ConfigFile {
         let cfg: ConfigFile = if text.trim().is_empty() {
             ConfigFile::default()
         } else {
-            crate::yaml::from_str(text)?
+            crate::yaml::from_str_naming_fields(text)?
         };
         cfg.identities()?;
         for (i, e) in cfg.exemptions.iter().enumerate() {
@@ -205,30 +205,108 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        for (text, want) in [
-            ("syncTarget: []", "unknown field `syncTarget`"),
+        assert_eq!(
+            ConfigFile::parse(
+                "syncTargets: [{username: a, key: k}]\nenforcement: {syncFinalizer: maybe}"
+            )
+            .unwrap_err()
+            .to_string(),
+            r#"enforcement.syncFinalizer: unknown variant "maybe", expected one of enforce, warn, audit (line 2, column 30)"#
+        );
+        // Every field of every struct of the file, at every depth: a value of the wrong type
+        // or an unknown one, each reported under its own path.
+        for (text, path) in [
+            // ConfigFile
+            ("syncTargets: {username: a}", "syncTargets: "),
+            ("annotationDomains: kcp.io", "annotationDomains: "),
+            ("annotationDomains: [[kcp.io]]", "annotationDomains[0]: "),
+            ("keySchemes: current", "keySchemes: "),
+            ("keySchemes: [current, newest]", "keySchemes[1]: "),
+            ("enforcement: warn", "enforcement: "),
+            ("exemptions: {username: a}", "exemptions: "),
+            // SyncTargetEntry
+            ("syncTargets: [5]", "syncTargets[0]: "),
+            (
+                "syncTargets: [{username: [a], key: k}]",
+                "syncTargets[0].username: ",
+            ),
+            ("syncTargets: [{key: k}]", "syncTargets[0]: "),
+            (
+                "syncTargets: [{username: a, key: [k]}]",
+                "syncTargets[0].key: ",
+            ),
+            (
+                "syncTargets: [{username: a, key: k}, {username: b, cluster: {c: 1}, name: n}]",
+                "syncTargets[1].cluster: ",
+            ),
+            (
+                "syncTargets: [{username: b, cluster: c, name: [n]}]",
+                "syncTargets[0].name: ",
+            ),
+            (
+                "syncTargets: [{username: a, key: k, nmae: x}]",
+                "syncTargets[0]: ",
+            ),
+            // Enforcement
+            (
+                "enforcement: {syncFinalizer: maybe}",
+                "enforcement.syncFinalizer: ",
+            ),
+            (
+                "enforcement: {moveWindow: [warn]}",
+                "enforcement.moveWindow: ",
+            ),
+            ("enforcement: {syncfinalizer: warn}", "enforcement: "),
+            // ExemptionEntry
+            ("exemptions: [{username: [a]}]", "exemptions[0].username: "),
+            (
+                "exemptions: [{group: a}, {group: {g: 1}}]",
+                "exemptions[1].group: ",
+            ),
+            ("exemptions: [{user: a}]", "exemptions[0]: "),
+            // Checked after parsing.
             (
                 "syncTargets: [{username: a}]",
                 "syncTargets[0] (a): give either key",
             ),
             (
                 "syncTargets: [{username: a, key: k, cluster: c}]",
-                "syncTargets[0]",
+                "syncTargets[0] (a): ",
             ),
             (
                 "syncTargets: [{username: '', key: k}]",
-                "syncTargets[0].username",
+                "syncTargets[0].username: ",
+            ),
+            ("keySchemes: []", "keySchemes: "),
+            ("annotationDomains: []", "annotationDomains: "),
+            ("annotationDomains: [a/b]", "annotationDomains: "),
+            ("exemptions: [{username: ' '}]", "exemptions[0].username: "),
+            ("exemptions: [{}]", "exemptions[0]: "),
+            // Wrong in the YAML itself, or nowhere inside a field.
+            (
+                "syncTargets: [{username: , key: k}]",
+                "syncTargets[0].username: ",
             ),
             (
-                "syncTargets: [{username: a, key: k, nmae: x}]",
-                "unknown field `nmae`",
+                "syncTargets: [{username: a, key: k, key: j}]",
+                "syncTargets[0]: ",
             ),
-            ("keySchemes: [newest]", "unknown variant `newest`"),
-            ("keySchemes: []", "keySchemes"),
-            ("annotationDomains: []", "annotationDomains"),
+            ("enforcement:\n", "enforcement: "),
+            ("syncTargets: [{username: a", "syncTargets: "),
+            ("hello", "invalid type: string \"hello\", expected a map"),
+            ("- a", "invalid type: sequence, expected a map"),
+            (
+                "x: &a [1]\nsyncTargets: *a",
+                "unknown field \"x\", expected one of syncTargets,",
+            ),
+            (
+                "syncTargets: [{username: a, key: k}]\n---\nx: 1",
+                "only single YAML document",
+            ),
         ] {
             let err = ConfigFile::parse(text).unwrap_err().to_string();
-            assert!(err.contains(want), "{text}: {err}");
+            assert!(err.starts_with(path), "{text}: {err}");
+            assert!(!err.contains('\n') && !err.contains('`'), "{text}: {err}");
         }
     }
 

@@ -240,7 +240,7 @@ fn a_start_up_error_is_one_line_that_says_each_cause_once() {
                 empty_exemption.clone().into(),
             ],
             format!(
-                "error: config file {}: exemptions[0].username is empty",
+                "error: config file {}: exemptions[0].username: must not be empty",
                 empty_exemption.display()
             ),
         ),
