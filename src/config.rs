@@ -355,7 +355,7 @@ impl ConfigFile {
     }
 }
 
-/// The matchCondition expression to append for `usernames`, as the README shows it.
+/// The matchCondition expression to append for `usernames`, as the book shows it (reference/index.md).
 pub fn match_condition_addition(usernames: &[&str]) -> String {
     let quoted: Vec<String> = usernames
         .iter()

@@ -643,7 +643,7 @@ fn the_webhook_and_the_admission_policies_give_the_same_answers() {
         assert_eq!(policy.pins, expected_pins(), "policy pins");
         webhook
     });
-    // The one difference, documented in the README: a scale of a Deployment that the window's
+    // The one difference, documented in the book (tasks/admission-policies.md): a scale of a Deployment that the window's
     // selector picks but `window open` did not record. The webhook pins it from its cache of
     // Deployment labels; a Scale carries no labels, so the policy pins it only once `handoff
     // window open` runs again and records it.
@@ -748,7 +748,7 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
     wait_pinning(&api);
     let pins = pin_run(&api);
     let late_scale = late_scale(&api);
-    assert_eq!(late_scale.0, 8, "see the README: {late_scale:?}");
+    assert_eq!(late_scale.0, 8, "see docs/src/tasks/admission-policies.md: {late_scale:?}");
     // Running open again records it, and from then on its scale is pinned too.
     let out = handoff_cmd(&api, &["window", "open", "eq", "--wait-timeout", "0s"]);
     assert!(

@@ -13,7 +13,7 @@
 //! At a point the proxy kills handoff right before the write (clusterctl dies by its
 //! PDEATHSIG); for clusterctl's, during it.
 //!
-//! After each kill: the phase the target's MoveWindow records is a row of the README's table
+//! After each kill: the phase the target's MoveWindow records is a row of the table
 //! "If a move stops" (the test reads it), and the namespace is whole in one cluster or in
 //! clusterctl's documented state of a move it did not finish (objects in the target too, the
 //! source's Clusters paused). Then the same command finishes the move, or `--abort` first puts
@@ -27,7 +27,7 @@
 //! points × {re-run, abort}, the next ones for each commit and each day (`HANDOFF_CRASH_SEED`,
 //! by default the clone's number of commits plus the day's number); `HANDOFF_CRASH_ONLY=i,j`
 //! runs those. `HANDOFF_CRASH_CASES=all`
-//! runs every one and then checks that every row of the README's table was met:
+//! runs every one and then checks that every row of the book's table (docs/src/tasks/move.md, "If a move stops") was met:
 //!
 //! ```sh
 //! HANDOFF_CRASH_CASES=all cargo test --test capi_crash -- --nocapture   # about 7 h
@@ -132,13 +132,13 @@ fn points(log: &[Write]) -> Vec<Point> {
     out
 }
 
-/// The rows of the README's table "If a move stops": (phase, what to do).
+/// The rows of the table "If a move stops" in docs/src/tasks/move.md: (phase, what to do).
 fn readme_rows() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/tasks/move.md"))
+        .expect("docs/src/tasks/move.md");
     let start = readme
         .find("<!-- crash-points: checked by tests/capi_crash.rs -->")
-        .expect("the README's crash-point table marker");
+        .expect("the crash-point table marker of docs/src/tasks/move.md");
     readme[start..]
         .lines()
         .skip(1)
@@ -727,7 +727,7 @@ fn handoff_move_killed_at_each_crash_point_is_finished_or_undone() {
     };
     let t0 = Instant::now();
     let rows = readme_rows();
-    assert!(rows.len() >= 5, "the README's crash-point table: {rows:?}");
+    assert!(rows.len() >= 5, "the crash-point table of docs/src/tasks/move.md: {rows:?}");
     let dir = tempfile::tempdir().expect("temp dir");
     let env = [
         ("LEASE_DURATION", "6s"),
@@ -813,7 +813,7 @@ fn handoff_move_killed_at_each_crash_point_is_finished_or_undone() {
         let row = rows.iter().find(|(phase, _)| *phase == recorded);
         assert!(
             row.is_some(),
-            "{what}: phase {recorded} is no row of the README's table {rows:?}\n{}",
+            "{what}: phase {recorded} is no row of the table in docs/src/tasks/move.md {rows:?}\n{}",
             killed.log
         );
         phases_seen.insert(recorded.clone());
@@ -880,7 +880,7 @@ fn handoff_move_killed_at_each_crash_point_is_finished_or_undone() {
         let rows: BTreeSet<String> = rows.into_iter().map(|(p, _)| p).collect();
         assert_eq!(
             phases_seen, rows,
-            "the README's table and the phases the crash points met"
+            "the table of docs/src/tasks/move.md and the phases the crash points met"
         );
     }
     eprintln!("whole test {:.1}s", t0.elapsed().as_secs_f64());

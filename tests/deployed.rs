@@ -8,7 +8,7 @@
 //! `deployed_as_shipped` (every run): each kind of request answered right, then under load one
 //! rollout of each Deployment, a `kill -9` of a replica and a certificate rotation, with no
 //! failed call and no wrong answer. `rollout_under_load` (`cargo test --test deployed --
-//! --ignored --nocapture rollout_under_load`) is the measurement the README reports: three
+//! --ignored --nocapture rollout_under_load`) is the measurement the book reports (docs/src/development.md): three
 //! rollouts of each at 25 requests a second.
 
 mod support;

@@ -650,7 +650,7 @@ fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
         crd["metadata"]
     );
     let installed_webhooks = stored_webhooks(&api);
-    // The README's CRD upgrade (Helm never upgrades crds/) applies over Helm's install.
+    // The CRD upgrade of docs/src/tasks/upgrade.md (Helm never upgrades crds/) applies over Helm's install.
     api.ok(
         ADMIN,
         &[

@@ -20,7 +20,7 @@ fn example(path: &str) -> std::path::PathBuf {
 }
 
 /// `handoff serve --state examples/state` on a loopback port; the reviews in `users` (one per
-/// username, the README's syncer DELETE otherwise unchanged) are sent, then the process is
+/// username, the documented syncer DELETE otherwise unchanged) are sent, then the process is
 /// stopped and its stderr returned with the verdicts.
 async fn serve_and_log(
     format: &str,

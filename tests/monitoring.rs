@@ -1,7 +1,7 @@
 //! What a platform team installs beside handoff (`manifests/monitoring`): the alerts (a plain
 //! rules file and the same groups as a PrometheusRule), their promtool tests, the dashboard,
 //! and the overlay. Proves every metric they query is one a running `handoff serve` exposes,
-//! every expression parses (promtool), every alert links to a runbook section of the README,
+//! every expression parses (promtool), every alert links to its own heading of the runbooks page,
 //! and the overlay applies on a real API server.
 
 mod support;
@@ -193,10 +193,12 @@ fn the_prometheusrule_holds_exactly_the_rules_file() {
 
 #[test]
 fn every_alert_says_what_to_do_and_links_to_a_runbook_section() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    // GitHub's anchors: lowercase, spaces to '-', punctuation dropped.
-    let anchors: BTreeSet<String> = readme
+    let runbooks = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/operations/runbooks.md"),
+    )
+    .unwrap();
+    // GitHub's and mdBook's anchors: lowercase, spaces to '-', punctuation dropped.
+    let anchors: BTreeSet<String> = runbooks
         .lines()
         .filter_map(|l| {
             l.trim_start_matches('#')
@@ -229,11 +231,19 @@ fn every_alert_says_what_to_do_and_links_to_a_runbook_section() {
                     "{name}: no {k}"
                 );
             }
+            // Each alert has a heading of its own, named for it, on the runbooks page.
             let url = a["runbook_url"].as_str().unwrap();
-            let anchor = url.split_once("README.md#").map(|x| x.1).unwrap_or("");
+            assert_eq!(
+                url,
+                format!(
+                    "https://github.com/handoff-dev/handoff/blob/main/docs/src/operations/runbooks.md#{}",
+                    name.to_lowercase()
+                ),
+                "{name}: runbook_url"
+            );
             assert!(
-                anchors.contains(anchor),
-                "{name}: runbook_url {url} names no heading of the README"
+                anchors.contains(&name.to_lowercase()),
+                "{name}: docs/src/operations/runbooks.md has no heading `## {name}`"
             );
             assert!(
                 ["warning", "critical"].contains(&r["labels"]["severity"].as_str().unwrap_or("")),

@@ -1,5 +1,5 @@
 //! A stand-in for kcp in front of a second kube-apiserver: what handoff reads of kcp, and
-//! nothing more. Not kcp; it assumes these kcp behaviours (README, "kcp"):
+//! nothing more. Not kcp; it assumes these kcp behaviours (docs/src/tasks/kcp.md):
 //! - a logical cluster's API is served under `/clusters/<name>/` (here: exactly one logical
 //!   cluster, the one given to `start`, mapped onto the whole second API server; any other name
 //!   gets a 404 Status, as an unknown workspace does);

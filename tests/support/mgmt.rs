@@ -14,7 +14,7 @@ use super::apiserver::{ADMIN, ApiServer, HANDOFF_USER, Handoff, NOBODY, eventual
 use super::providers::{Provider, ProviderSpec, cluster, install_capi_crds, webhook_rule};
 
 pub const WAIT: Duration = Duration::from_secs(90);
-/// The window's operator: bound to exactly the roles the README tells an admin to bind.
+/// The window's operator: bound to exactly the roles docs/src/tasks/move-by-hand.md tells an admin to bind.
 pub const OPERATOR: &str = NOBODY;
 /// A cluster admin who is not the window's operator.
 pub const BOB: &str = "bob";
