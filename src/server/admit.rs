@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::App;
 use super::body::Deadline;
-use super::stack::bad;
+use super::refusal::bad;
 use crate::admission;
 use crate::rules::rollout::Verdict;
 use crate::webhook::{self, Decision, Reason, Webhook};

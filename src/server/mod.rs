@@ -1,13 +1,15 @@
 //! The HTTPS server: what every request shares (`App`: state, metrics, health, limits), the
 //! routes for health and metrics, and its parts: `serve` (`Server`: what `handoff serve`
 //! starts), `stack` (the request path, one layer each), `admit` (the admission handler),
-//! `body` (the deadline and the body), `listener` (TLS, HTTP/2 or HTTP/1.1, and the drain on
-//! SIGTERM), `tls` (certificates and their reload), `metrics`.
+//! `refusal` (a request refused undecided, by either of those two), `body` (the deadline and
+//! the body), `listener` (TLS, HTTP/2 or HTTP/1.1, and the drain on SIGTERM), `tls`
+//! (certificates and their reload), `metrics`.
 
 mod admit;
 mod body;
 mod listener;
 pub mod metrics;
+mod refusal;
 mod serve;
 mod stack;
 pub mod tls;

@@ -35,6 +35,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use super::admit::{Outcome, admit};
 use super::body::{BodyError, Deadline, read_limited};
 use super::metrics::{DenialLabels, Metrics, RequestLabels, WebhookLabels};
+use super::refusal::{bad, plain};
 use crate::rules::rollout::Verdict;
 use crate::webhook::Webhook;
 
@@ -245,24 +246,4 @@ async fn whole_body(
             format!("cannot read request body: {e}"),
         ),
     })
-}
-
-/// A request refused before it could be decided: the answer says why, and so does one event.
-pub(super) fn bad(webhook: Webhook, code: StatusCode, msg: String) -> Response {
-    tracing::warn!(
-        webhook = webhook.as_str(),
-        code = code.as_u16(),
-        error = &*crate::rules::one_line_str(&msg),
-        "bad admission request"
-    );
-    plain(code, msg)
-}
-
-fn plain(code: StatusCode, message: String) -> Response {
-    (
-        code,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        message + "\n",
-    )
-        .into_response()
 }

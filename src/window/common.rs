@@ -7,9 +7,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::{Timestamp, Unit};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use serde::Serialize;
 use serde_json::json;
 
-use super::preflight::Finding;
 use crate::resources::move_window::{
     MoveRole, MoveWindow, MoveWindowStatus, PinnedDeployment, WindowState,
 };
@@ -23,6 +23,27 @@ pub struct Cluster {
     pub label: String,
     pub client: kube::Client,
     pub role: Option<MoveRole>,
+}
+
+/// A Deployment whose pods back a webhook that fails closed. It lives beside the error that
+/// carries it (`WindowError::Preflight`), not in `preflight`, which finds it: `preflight` uses
+/// this module, so this module must not use `preflight`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub cluster: String,
+    pub deployment: String,
+    pub service: String,
+    pub hook: String,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: Deployment {} backs Service {}, used by {}",
+            self.cluster, self.deployment, self.service, self.hook
+        )
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -18,8 +18,8 @@ mod standby;
 mod status;
 
 pub use close::{CloseOptions, Restored, close};
-pub use common::{Cluster, WindowError};
+pub use common::{Cluster, Finding, WindowError};
 pub use mover::{MoveOptions, run as move_run};
 pub use open::{OpenOptions, check, open, plan_open};
-pub use preflight::{Finding, preflight};
+pub use preflight::preflight;
 pub use status::{DeploymentReport, LeaseReport, WindowReport, render_table, status};

@@ -10,30 +10,10 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::ListParams;
-use serde::Serialize;
 
-use super::common::{Cluster, Result, api_err, dep_key, selected_deployments};
+use super::common::{Cluster, Finding, Result, api_err, dep_key, selected_deployments};
 use crate::rules::move_window::OwnDeployment;
 use crate::rules::selector::Selector;
-
-/// A Deployment whose pods back a webhook that fails closed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Finding {
-    pub cluster: String,
-    pub deployment: String,
-    pub service: String,
-    pub hook: String,
-}
-
-impl std::fmt::Display for Finding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: Deployment {} backs Service {}, used by {}",
-            self.cluster, self.deployment, self.service, self.hook
-        )
-    }
-}
 
 /// The findings said once per Deployment: `cluster: Deployment ns/name backs Service s (3
 /// fail-closed webhooks, 1 conversion)`, in the order first found.

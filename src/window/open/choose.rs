@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use super::super::common::{
-    Cluster, Result, WindowError, dep_key, read_window, selected_deployments,
+    Cluster, Finding, Result, WindowError, dep_key, read_window, selected_deployments,
 };
 use super::super::lease;
 use super::super::plan::{self, LeaseSeen, PinPlan, StopChoice};
-use super::super::preflight::{self, Finding, preflight};
+use super::super::preflight::{self, preflight};
 use super::OpenOptions;
 use crate::resources::move_window::{MoveWindowSpec, PinnedDeployment, StopPolicy};
 use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
