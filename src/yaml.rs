@@ -25,7 +25,7 @@ pub enum YamlError {
     #[error("{}", field_message(path.as_deref(), error))]
     Field {
         path: Option<String>,
-        error: serde_saphyr::Error,
+        error: Box<serde_saphyr::Error>,
     },
     #[error("{0}")]
     Serialize(#[source] serde_saphyr::SerializeError),
@@ -71,7 +71,7 @@ pub fn from_str_naming_fields<T: DeserializeOwned>(text: &str) -> Result<T, Yaml
         let error = with_what_was_found(error, text, &segments);
         YamlError::Field {
             path: (!segments.is_empty()).then(|| path_text(&segments)),
-            error,
+            error: Box::new(error),
         }
     })
 }

@@ -748,7 +748,10 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
     wait_pinning(&api);
     let pins = pin_run(&api);
     let late_scale = late_scale(&api);
-    assert_eq!(late_scale.0, 8, "see docs/src/tasks/admission-policies.md: {late_scale:?}");
+    assert_eq!(
+        late_scale.0, 8,
+        "see docs/src/tasks/admission-policies.md: {late_scale:?}"
+    );
     // Running open again records it, and from then on its scale is pinned too.
     let out = handoff_cmd(&api, &["window", "open", "eq", "--wait-timeout", "0s"]);
     assert!(

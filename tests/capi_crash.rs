@@ -134,8 +134,10 @@ fn points(log: &[Write]) -> Vec<Point> {
 
 /// The rows of the table "If a move stops" in docs/src/tasks/move.md: (phase, what to do).
 fn readme_rows() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/tasks/move.md"))
-        .expect("docs/src/tasks/move.md");
+    let readme = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/tasks/move.md"),
+    )
+    .expect("docs/src/tasks/move.md");
     let start = readme
         .find("<!-- crash-points: checked by tests/capi_crash.rs -->")
         .expect("the crash-point table marker of docs/src/tasks/move.md");
@@ -727,7 +729,10 @@ fn handoff_move_killed_at_each_crash_point_is_finished_or_undone() {
     };
     let t0 = Instant::now();
     let rows = readme_rows();
-    assert!(rows.len() >= 5, "the crash-point table of docs/src/tasks/move.md: {rows:?}");
+    assert!(
+        rows.len() >= 5,
+        "the crash-point table of docs/src/tasks/move.md: {rows:?}"
+    );
     let dir = tempfile::tempdir().expect("temp dir");
     let env = [
         ("LEASE_DURATION", "6s"),

@@ -155,8 +155,6 @@ impl Drop for InFlight<'_> {
 }
 
 /// A webhook this replica was not started to serve: the webhook configuration points at the
-/// wrong Service.
-/// A webhook this replica was not started to serve: the webhook configuration points at the
 /// wrong Service. The refusal, if any.
 fn served(app: &App, webhook: Webhook) -> Option<Response> {
     if app.state.serves(webhook) {
