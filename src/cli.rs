@@ -194,6 +194,7 @@ pub enum WindowCommand {
     /// Preflight, create the MoveWindow, stop every selected Deployment (hold its
     /// leader-election Lease, or pin it to 0), and wait until each is proven stopped.
     Open {
+        /// The MoveWindow (cluster-scoped), created if absent.
         name: String,
         /// Deployments to pin, in kubectl syntax (default: the Cluster API provider controllers).
         #[arg(long, short = 'l', value_parser = label_selector)]
@@ -224,6 +225,7 @@ pub enum WindowCommand {
     /// Close the MoveWindow, then restore every pinned Deployment and release every held
     /// Lease, waiting until each controller runs or leads again (target first, then source).
     Close {
+        /// The MoveWindow to close.
         name: String,
         /// How long a restore may be re-pinned by a webhook that has not yet seen the close.
         #[arg(long, value_name = "DURATION", default_value = RESTORE_TIMEOUT, value_parser = duration)]
@@ -234,6 +236,7 @@ pub enum WindowCommand {
     },
     /// Show windows, their pinned Deployments and saved counts.
     Status {
+        /// One MoveWindow (default: every one).
         name: Option<String>,
         /// Output format.
         #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]

@@ -2,44 +2,61 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::rules::identity::{Identities, KeyScheme};
 use crate::rules::rollout::{Exemption, Mode, Rollout};
 
-/// ```yaml
-/// syncTargets:                      # explicit identities, checked before the kcp convention
-///   - username: system:serviceaccount:edge:syncer
-///     key: 6ohB8yeXhwqTQVuBzJRgqcRJTpRjX7yTZu5g5g
-///   - username: legacy-syncer
-///     cluster: root:org:ws
-///     name: us-west1
-/// annotationDomains: [kcp.io, kcp.dev]   # default: both
-/// keySchemes: [current, legacy]          # default: both
-/// ```
-#[derive(Debug, Clone, Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+/// The YAML file `--config FILE` names (`handoff serve`, `handoff review`, `handoff policy`):
+/// who the sync targets are, which kcp conventions count, how each rule is enforced and who
+/// is exempt. An empty file means every default. An unknown field, a value of the wrong type
+/// or an incomplete entry is refused with a message that names the field (at start-up, the
+/// process stops; on a reload, the settings in force stay).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigFile {
-    #[serde(default)]
+    /// Sync targets named explicitly, each by its syncer's username; checked before the kcp
+    /// convention (a `kcp-syncer-<name>-<id>` ServiceAccount whose namespace's locator names
+    /// the sync target). Read at start-up.
     pub sync_targets: Vec<SyncTargetEntry>,
-    #[serde(default)]
-    pub annotation_domains: Option<Vec<String>>,
-    #[serde(default)]
-    pub key_schemes: Option<Vec<KeyScheme>>,
-    /// Each rule's mode; reloaded when the file changes.
-    #[serde(default)]
+    /// The annotation domains whose kcp annotations count: `finalizers.workload.<domain>/<key>`
+    /// holds, `<domain>/namespace-locator` locates (`kcp.dev` is kcp's legacy domain). Read at
+    /// start-up.
+    pub annotation_domains: Vec<String>,
+    /// How a sync target's key is hashed from its logical cluster and name; a key of any
+    /// scheme listed counts. Read at start-up.
+    pub key_schemes: Vec<KeyScheme>,
+    /// Each rule's mode; re-read when the file changes.
     pub enforcement: Enforcement,
-    /// Break-glass: who passes even under `enforce` (visibly); reloaded when the file changes.
-    #[serde(default)]
+    /// Break-glass: who passes even under `enforce` (visibly: a warning, an audit annotation, a
+    /// log line and `handoff_exempt_requests_total`); re-read when the file changes.
     pub exemptions: Vec<ExemptionEntry>,
 }
 
-/// `- username: alice` or `- group: move-breakglass`.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+/// What a field the file leaves out is: both annotation domains and both key schemes, every
+/// rule enforced, nobody exempt.
+impl Default for ConfigFile {
+    fn default() -> Self {
+        ConfigFile {
+            sync_targets: Vec::new(),
+            annotation_domains: vec!["kcp.io".into(), "kcp.dev".into()],
+            key_schemes: vec![KeyScheme::Current, KeyScheme::Legacy],
+            enforcement: Enforcement::default(),
+            exemptions: Vec::new(),
+        }
+    }
+}
+
+/// One exempt identity, as the API server authenticated it: exactly one of `username` and
+/// `group`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExemptionEntry {
+    /// A username, e.g. `alice@example.com`.
     #[serde(default)]
     pub username: Option<String>,
+    /// A group the user is a member of, e.g. `move-breakglass`.
     #[serde(default)]
     pub group: Option<String>,
 }
@@ -56,23 +73,35 @@ impl ExemptionEntry {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+/// The mode of each rule.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Enforcement {
+    /// The guard: a sync target's delete that a sync finalizer holds.
     #[serde(default)]
     pub sync_finalizer: Mode,
+    /// The pin (a Deployment write or scale request that would run a Deployment an open
+    /// MoveWindow selects) and the held-Lease guard.
     #[serde(default)]
     pub move_window: Mode,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// A syncer's username and the sync target it is: either `key`, or both `cluster` and `name`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SyncTargetEntry {
+    /// The syncer's username, e.g. `system:serviceaccount:edge:syncer`. One that is no
+    /// `kcp-syncer-*` ServiceAccount is never sent to handoff by the manifests'
+    /// matchCondition unless it is added there (start-up warns with the expression).
     pub username: String,
+    /// The sync target's key (kcp's `syncTargetKey`), as its finalizer annotations name it.
     #[serde(default)]
     pub key: Option<String>,
+    /// The sync target's logical cluster, e.g. `root:org:ws` (with `name`: the key is hashed
+    /// from both, in every scheme of `keySchemes`).
     #[serde(default)]
     pub cluster: Option<String>,
+    /// The sync target's name, e.g. `us-west1` (with `cluster`).
     #[serde(default)]
     pub name: Option<String>,
 }
@@ -163,21 +192,15 @@ impl ConfigFile {
     }
 
     pub fn identities(&self) -> Result<Identities, InvalidConfig> {
-        let domains = self
-            .annotation_domains
-            .clone()
-            .unwrap_or_else(|| vec!["kcp.io".into(), "kcp.dev".into()]);
+        let domains = &self.annotation_domains;
         if domains.is_empty() || domains.iter().any(|d| d.is_empty() || d.contains('/')) {
             return Err(InvalidConfig::AnnotationDomains);
         }
-        let schemes = self
-            .key_schemes
-            .clone()
-            .unwrap_or_else(|| vec![KeyScheme::Current, KeyScheme::Legacy]);
+        let schemes = &self.key_schemes;
         if schemes.is_empty() {
             return Err(InvalidConfig::KeySchemes);
         }
-        let mut ids = Identities::new(&domains, &schemes);
+        let mut ids = Identities::new(domains, schemes);
         for (index, e) in self.sync_targets.iter().enumerate() {
             if e.username.is_empty() {
                 return Err(InvalidConfig::SyncTargetUsernameEmpty { index });

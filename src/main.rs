@@ -4,6 +4,8 @@
 
 mod cli;
 mod commands;
+#[cfg(test)]
+mod reference;
 
 use cli::{Command, LogFormat, parse_cli};
 use commands::{policy, review, serve, window};

@@ -84,6 +84,8 @@ pub enum MoveRole {
     Target,
 }
 
+/// What `handoff window` and `handoff move` have done: written by them, read by a re-run,
+/// `window status` and `kubectl get`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MoveWindowStatus {
@@ -96,11 +98,13 @@ pub struct MoveWindowStatus {
     /// RFC 3339 time its pods were all gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_gone_at: Option<String>,
+    /// RFC 3339 time `handoff window close` closed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closed_at: Option<String>,
     /// Number of entries in `pinned` (for `kubectl get`).
     #[serde(default)]
     pub pinned_count: i32,
+    /// Each Deployment the window stopped, and how.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pinned: Vec<PinnedDeployment>,
     /// The last step a `handoff window` command completed, for a re-run to read.
@@ -125,9 +129,10 @@ pub struct MoveRecord {
     pub phase: String,
     /// The source namespace clusterctl moves (`--namespace`).
     pub namespace: String,
-    /// When this attempt started (RFC 3339), and how many attempts there were.
+    /// When this attempt started (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
+    /// How many attempts there were.
     #[serde(default)]
     pub attempts: i32,
     /// Source Clusters (`namespace/name`) in scope when the move started; none was paused
@@ -170,7 +175,9 @@ pub struct MoveRecord {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PinnedDeployment {
+    /// The Deployment's namespace.
     pub namespace: String,
+    /// The Deployment's name.
     pub name: String,
     /// `Scale` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,6 +216,7 @@ impl PinnedDeployment {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HeldLease {
+    /// The Lease's name.
     pub name: String,
     /// `spec.holderIdentity` before the window took it (`<pod>_<uuid>`).
     pub former_holder: String,

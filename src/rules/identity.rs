@@ -24,7 +24,9 @@ impl fmt::Display for SyncTargetKey {
 }
 
 /// How the key's hash input is formed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum KeyScheme {
     /// `"<cluster>:<name>"`, kcp since v0.11.

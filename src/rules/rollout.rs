@@ -10,7 +10,9 @@ use std::fmt;
 use serde::Deserialize;
 
 /// How a rule's verdict reaches the API server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Deny and patch: the rule as designed.
