@@ -296,7 +296,7 @@ fn bad_flags_and_files_stop_start_up_naming_the_problem() {
                 "--config".into(),
                 bad_cfg.clone().into(),
             ],
-            "unknown field `kye`",
+            "unknown field \"kye\"",
         ),
         (
             vec!["serve".into(), "--state".into(), bad_state.clone().into()],
