@@ -5,7 +5,7 @@
 //! and a bootstrap provider without leader election (Scale), in a network namespace of the
 //! test's own.
 //!
-//! `tests/capi_move.rs` runs the real clusterctl and the real providers; this test keeps the
+//! `tests/capi/moves.rs` runs the real clusterctl and the real providers; this test keeps the
 //! stand-ins for what they cannot do on cue: a clusterctl that fails after exactly N creates
 //! or N deletes, a copy slowed to seconds per object, and providers that count their
 //! reconciles (so a reconcile during the copy is seen, not inferred).

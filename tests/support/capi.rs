@@ -86,9 +86,14 @@ impl Rig {
         static ROOT: OnceLock<PathBuf> = OnceLock::new();
         let root = ROOT
             .get_or_init(|| {
-                let out = Command::new(scripts.join("unpack.sh"))
+                // Under a lock: the two suites of tests/capi run in processes of their own
+                // at the same time, and unpack.sh copies the manifests in place.
+                let lock = std::env::temp_dir().join("handoff-capi-unpack.lock");
+                let out = Command::new("flock")
+                    .arg(&lock)
+                    .arg(scripts.join("unpack.sh"))
                     .output()
-                    .expect("unpack.sh");
+                    .expect("flock (util-linux) running unpack.sh");
                 assert!(out.status.success(), "unpack.sh: {}", text(&out.stderr));
                 PathBuf::from(text(&out.stdout).trim())
             })

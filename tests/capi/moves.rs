@@ -5,7 +5,7 @@
 //! namespace, with handoff registered on both by the project's `local` overlay.
 //!
 //! A workload cluster (KCP with one machine, a MachineDeployment with one) is moved there and
-//! back by `handoff move` (the crash-point test, `capi_crash.rs`, moves one many times more,
+//! back by `handoff move` (the crash-point test, `crash.rs`, moves one many times more,
 //! killed and not, with short leases), and a second one by plain `clusterctl move` for
 //! comparison.
 //! Proven from the clusters themselves, not from handoff's output: every provider Lease of
@@ -19,13 +19,12 @@
 //! Lease taken back by its provider during the window (freed by hand) stops the first attempt
 //! before clusterctl copies, `status` shows it, and the same command then finishes the move.
 
-mod support;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::apiserver::{eventually, skip, text};
-use support::capi::{
+use crate::support;
+use crate::support::apiserver::{eventually, skip, text};
+use crate::support::capi::{
     Event, Mgmt, PROVIDERS, Prober, Rig, WINDOW_HOLDER, Watch, holders, probe_objects, ready_pods,
     wall,
 };
@@ -375,7 +374,9 @@ fn wait_provisioned(m: &Mgmt, ns: &str, name: &str) {
 )]
 fn handoff_move_with_the_real_clusterctl_and_providers() {
     if skip()
-        || !support::netns::in_own_netns("handoff_move_with_the_real_clusterctl_and_providers")
+        || !support::netns::in_own_netns(
+            "moves::handoff_move_with_the_real_clusterctl_and_providers",
+        )
     {
         return;
     }

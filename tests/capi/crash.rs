@@ -30,22 +30,21 @@
 //! runs every one and then checks that every row of the book's table (docs/src/tasks/move.md, "If a move stops") was met:
 //!
 //! ```sh
-//! HANDOFF_CRASH_CASES=all cargo test --test capi_crash -- --nocapture   # about 7 h
+//! HANDOFF_CRASH_CASES=all cargo test --test capi crash:: -- --nocapture   # about 7 h
 //! ```
 //!
 //! The managers lead-elect with 6 s leases here, not the shipped 15 s and 1 min: the points are
-//! about handoff's order of writes, not about the bound, which `capi_move.rs` proves as shipped.
-
-mod support;
+//! about handoff's order of writes, not about the bound, which `moves.rs` proves as shipped.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::apiserver::{eventually, skip, text};
-use support::capi::{DELETE_FOR_MOVE, Mgmt, Rig};
-use support::crash_proxy::{Agent, CrashProxies, Trigger, Write};
+use crate::support;
+use crate::support::apiserver::{eventually, skip, text};
+use crate::support::capi::{DELETE_FOR_MOVE, Mgmt, Rig};
+use crate::support::crash_proxy::{Agent, CrashProxies, Trigger, Write};
 
 const NS: &str = "ns1";
 const WINDOW: &str = "move-ns1";
@@ -139,7 +138,7 @@ fn readme_rows() -> Vec<(String, String)> {
     )
     .expect("docs/src/tasks/move.md");
     let start = readme
-        .find("<!-- crash-points: checked by tests/capi_crash.rs -->")
+        .find("<!-- crash-points: checked by tests/capi/crash.rs -->")
         .expect("the crash-point table marker of docs/src/tasks/move.md");
     readme[start..]
         .lines()
@@ -281,13 +280,19 @@ fn run_move(
     }
 }
 
+/// A clusterctl of this test's: one in this network namespace (the `moves` suite runs its own
+/// clusterctl at the same time, in another).
 fn clusterctl_running(rig: &Rig) -> bool {
     let exe = rig.clusterctl();
+    let netns = std::fs::read_link("/proc/self/ns/net").expect("this process's network namespace");
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
-        .any(|e| std::fs::read_link(e.path().join("exe")).is_ok_and(|p| p == exe))
+        .any(|e| {
+            std::fs::read_link(e.path().join("exe")).is_ok_and(|p| p == exe)
+                && std::fs::read_link(e.path().join("ns/net")).is_ok_and(|n| n == netns)
+        })
 }
 
 /// The namespace moved to `to` whole and gone from `from`; both clusters' controllers lead;
@@ -719,7 +724,7 @@ fn choose(n: usize) -> Vec<usize> {
 fn handoff_move_killed_at_each_crash_point_is_finished_or_undone() {
     if skip()
         || !support::netns::in_own_netns(
-            "handoff_move_killed_at_each_crash_point_is_finished_or_undone",
+            "crash::handoff_move_killed_at_each_crash_point_is_finished_or_undone",
         )
     {
         return;

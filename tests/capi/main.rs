@@ -1,0 +1,17 @@
+//! `handoff move` on the real Cluster API (`../shared/capi`): the real clusterctl and the real
+//! core, kubeadm bootstrap, kubeadm control-plane and CAPD managers.
+//!
+//! - `moves`: moves as shipped (15 s leases), there and back, proven from the clusters.
+//! - `crash`: `handoff move` killed at its crash points, then finished or undone.
+//!
+//! One test binary for both, so that they run at the same time: `cargo test` runs test binaries
+//! one after another, and libtest runs the tests of one binary on its threads. Each suite spends
+//! most of its minutes waiting on leases and on re-provisioning (the machine was 70% idle while
+//! one ran alone), and each runs in a network namespace of its own with management clusters of
+//! its own, so neither sees the other. `cargo test --test capi moves::` (or `crash::`) runs one.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod crash;
+mod moves;
