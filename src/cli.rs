@@ -280,7 +280,7 @@ pub struct StateArgs {
     /// Read Namespaces (and MoveWindows, Deployments) from YAML files in DIR instead of a cluster.
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
-    /// kubeconfig for the cluster (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    /// kubeconfig for the cluster (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, value_name = "FILE", conflicts_with = "state")]
     pub kubeconfig: Option<PathBuf>,
     /// kubeconfig context.

@@ -50,6 +50,8 @@ struct Rendered {
     certificates: Vec<Value>,
     /// `kind/name` of every object, in output order.
     ids: Vec<String>,
+    /// `(kind, namespace, name)` of every object; no namespace for a cluster-scoped one.
+    placed: Vec<(String, Option<String>, String)>,
 }
 
 /// A rendered kustomization, and the temporary copy of `manifests/` it was rendered from.
@@ -154,6 +156,11 @@ fn parse_all(text: &str, kustomization: &str) -> Rendered {
             "manifests/{kustomization}: document {i} has no apiVersion, kind or name: {value}"
         );
         rendered.ids.push(id.clone());
+        rendered.placed.push((
+            kind.clone(),
+            value["metadata"]["namespace"].as_str().map(str::to_owned),
+            name.clone(),
+        ));
         let place = format!("manifests/{kustomization}: {api_version} {id}");
         unwrap_ca_bundles(&mut value, &place);
         match (api_version.as_str(), kind.as_str()) {
@@ -1533,4 +1540,107 @@ fn kcp_overlay_gives_the_guard_the_kcp_kubeconfig_and_the_mirror_exactly_patch_o
 
 fn build_objects_of(kustomization: &str) -> Rendered {
     build(kustomization).objects
+}
+
+/// `(Kind, name)` of every object a `kubectl delete` line of `text`'s ```` ```sh ```` blocks
+/// deletes (`kubectl delete KIND[,KIND] NAME... [--flags]`, lines joined at a trailing `\`);
+/// commented-out lines say what a reader may do, not what the page does, and count for nothing.
+fn deleted_by(text: &str) -> std::collections::BTreeSet<(String, String)> {
+    let kind_of = |k: &str| -> String {
+        match k.trim_end_matches('s') {
+            "namespace" | "n" => "Namespace",
+            "clusterrole" => "ClusterRole",
+            "clusterrolebinding" => "ClusterRoleBinding",
+            "validatingwebhookconfiguration" => "ValidatingWebhookConfiguration",
+            "mutatingwebhookconfiguration" => "MutatingWebhookConfiguration",
+            "crd" | "customresourcedefinition" => "CustomResourceDefinition",
+            other => panic!("a kubectl delete of a kind this test does not know: {other}"),
+        }
+        .to_owned()
+    };
+    let mut deleted = std::collections::BTreeSet::new();
+    let mut in_sh = false;
+    let mut line = String::new();
+    for raw in text.lines() {
+        let t = raw.trim();
+        if t.starts_with("```") {
+            in_sh = !in_sh && t == "```sh";
+            continue;
+        }
+        if !in_sh {
+            continue;
+        }
+        line.push_str(t.trim_end_matches('\\'));
+        line.push(' ');
+        if t.ends_with('\\') {
+            continue;
+        }
+        let words: Vec<&str> = line
+            .split_whitespace()
+            .take_while(|w| !w.starts_with('#'))
+            .collect();
+        if let ["kubectl", "delete", kinds, rest @ ..] = words.as_slice() {
+            let names: Vec<&str> = rest
+                .iter()
+                .copied()
+                .filter(|w| !w.starts_with('-'))
+                .collect();
+            for k in kinds.split(',') {
+                for n in &names {
+                    deleted.insert((kind_of(k), (*n).to_owned()));
+                }
+            }
+        }
+        line.clear();
+    }
+    deleted
+}
+
+/// "Remove handoff completely" (`docs/src/tasks/remove.md`) deletes every object that any of
+/// the overlays installs: each cluster-scoped one by name, each namespaced one with its
+/// namespace. (The admission policies go with `handoff policy uninstall`, which
+/// tests/admission_policy.rs drives; a Helm release goes with `helm uninstall`, tests/helm.rs.)
+#[test]
+fn the_remove_page_deletes_everything_the_manifests_install() {
+    let page = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/tasks/remove.md"),
+    )
+    .expect("docs/src/tasks/remove.md");
+    let deleted = deleted_by(&page);
+    assert!(
+        deleted.contains(&("Namespace".to_owned(), NAMESPACE.to_owned())),
+        "the page deletes no namespace {NAMESPACE}: {deleted:?}"
+    );
+    let mut missing = Vec::new();
+    for kustomization in ["base", "overlays/kcp", "overlays/cert-manager"] {
+        for (kind, namespace, name) in build_objects_of(kustomization).placed {
+            let needed = match &namespace {
+                Some(ns) => ("Namespace".to_owned(), ns.clone()),
+                None => (kind.clone(), name.clone()),
+            };
+            if !deleted.contains(&needed) {
+                missing.push(format!("manifests/{kustomization}: {kind}/{name}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/src/tasks/remove.md leaves these behind: {missing:#?}"
+    );
+}
+
+#[test]
+fn deleted_by_reads_the_lines_a_reader_runs() {
+    let page = "text kubectl delete crd a\n```sh\nkubectl delete clusterrole x \\\n  y --ignore-not-found # z\n# kubectl delete crd c\nkubectl delete clusterrolebinding,clusterrole m\nkubectl get ns\n```\n";
+    let got: Vec<(String, String)> = deleted_by(page).into_iter().collect();
+    let want: Vec<(String, String)> = [
+        ("ClusterRole", "m"),
+        ("ClusterRole", "x"),
+        ("ClusterRole", "y"),
+        ("ClusterRoleBinding", "m"),
+    ]
+    .iter()
+    .map(|(k, n)| (k.to_string(), n.to_string()))
+    .collect();
+    assert_eq!(got, want);
 }

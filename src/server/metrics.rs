@@ -130,7 +130,7 @@ impl Metrics {
         };
         registry.register(
             "admission_requests",
-            "AdmissionReview requests by webhook, operation, verdict (allow, deny, patch, error) and HTTP code",
+            "AdmissionReview requests by webhook, operation, verdict (allow, deny, patch, would-deny, would-pin, exempt, or error for a request that reached no decision) and HTTP code",
             m.requests.clone(),
         );
         registry.register(
