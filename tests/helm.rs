@@ -744,9 +744,25 @@ fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
             {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}]}
         ]}}},
         "priorityClassName": "platform-critical",
+        "monitoring": {"prometheusRule": {"enabled": true, "runbookURL": RUNBOOKS}},
     }));
     assert_installed(&api, &changed);
     check_changed_values(&api, &ca);
+    // The runbooks where the organisation serves the book: every alert's link, its anchor kept.
+    let rule = get(&api, &["prometheusrule", "-n", NAMESPACE, "handoff"]);
+    let mut links = 0;
+    for group in rule["spec"]["groups"].as_array().expect("groups") {
+        for alert in group["rules"].as_array().expect("rules") {
+            let name = alert["alert"].as_str().expect("an alert");
+            assert_eq!(
+                alert["annotations"]["runbook_url"].as_str(),
+                Some(format!("{RUNBOOKS}#{}", name.to_lowercase()).as_str()),
+                "{name}: runbook_url with monitoring.prometheusRule.runbookURL"
+            );
+            links += 1;
+        }
+    }
+    assert!(links > 0, "the PrometheusRule has no alerts");
 
     // 6. Back to the first revision: its manifest, its objects, its webhooks.
     let back = helm.rollback(1);
@@ -888,6 +904,9 @@ fn install_upgrade_roll_back_and_uninstall_on_a_real_api_server() {
 }
 
 /// What revision 5's values changed, as the API server has it.
+/// `monitoring.prometheusRule.runbookURL` in the changed values.
+const RUNBOOKS: &str = "https://docs.example.com/platform/handoff/operations/runbooks.html";
+
 fn check_changed_values(api: &ApiServer, ca: &str) {
     let guard = get(api, &["deployment", "-n", NAMESPACE, "handoff-guard"]);
     let spec = &guard["spec"];
@@ -978,7 +997,7 @@ fn check_changed_values(api: &ApiServer, ca: &str) {
         expression.ends_with(r#"|| request.userInfo.username in ["legacy-syncer"]"#),
         "a syncTargets username that is no kcp syncer is sent to the guard: {expression}"
     );
-    for kind in ["servicemonitor", "prometheusrule", "issuer"] {
+    for kind in ["servicemonitor", "issuer"] {
         let left = api.ok(ADMIN, &["get", kind, "-n", NAMESPACE, "-o", "name"]);
         assert!(left.trim().is_empty(), "{kind}: {left}");
     }
