@@ -32,7 +32,8 @@ chmod 0444 "$root/certs/"*   # readable by 65532 (a throwaway key in a temp fold
 cp examples/state/*.yaml "$root/state/"
 echo "static-smoke: root holds: $(cd "$root" && find . -type f | sort | tr '\n' ' ')"
 
-port=$((20000 + RANDOM % 20000))
+# Below the kernel's ephemeral ports (32768 on), where the tests beside it bind theirs.
+port=$((20000 + RANDOM % 12000))
 args=(serve --drain-delay 0s --listen "127.0.0.1:$port" --tls-cert /certs/tls.crt --tls-key /certs/tls.key --state /state)
 chroot=$(command -v chroot || true)
 if [ "$(id -u)" = 0 ] && [ -n "$chroot" ]; then

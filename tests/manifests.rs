@@ -1596,9 +1596,10 @@ fn deleted_by(text: &str) -> std::collections::BTreeSet<(String, String)> {
     deleted
 }
 
-/// "Remove handoff completely" (`docs/src/tasks/remove.md`) deletes every object that any of
-/// the overlays installs: each cluster-scoped one by name, each namespaced one with its
-/// namespace. (The admission policies go with `handoff policy uninstall`, which
+/// "Remove handoff completely" (`docs/src/tasks/remove.md`) deletes every object that the base
+/// and the kcp and cert-manager overlays install: each cluster-scoped one by name, each
+/// namespaced one with its namespace. (The `local` overlay installs a part of the base; the
+/// `monitoring` one, objects in handoff-system only.) (The admission policies go with `handoff policy uninstall`, which
 /// tests/admission_policy.rs drives; a Helm release goes with `helm uninstall`, tests/helm.rs.)
 #[test]
 fn the_remove_page_deletes_everything_the_manifests_install() {

@@ -30,7 +30,7 @@
 //! runs every one and then checks that every row of the book's table (docs/src/tasks/move.md, "If a move stops") was met:
 //!
 //! ```sh
-//! HANDOFF_CRASH_CASES=all cargo test --test capi crash:: -- --nocapture   # about 7 h
+//! HANDOFF_CRASH_CASES=all HANDOFF_NETNS_RUN_LIMIT=36000 cargo test --test capi crash:: -- --nocapture   # about 7 h
 //! ```
 //!
 //! The managers lead-elect with 6 s leases here, not the shipped 15 s and 1 min: the points are

@@ -61,6 +61,12 @@ pub fn wall() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The lock between `unpack.sh`, which rewrites the unpacked manifests, and `up.sh`, which
+/// reads them: one process's unpack must not truncate a file that another's `up.sh` is reading.
+fn rig_lock() -> PathBuf {
+    std::env::temp_dir().join("handoff-capi-unpack.lock")
+}
+
 /// `../shared/capi` and its unpacked binaries.
 pub struct Rig {
     pub scripts: PathBuf,
@@ -86,11 +92,11 @@ impl Rig {
         static ROOT: OnceLock<PathBuf> = OnceLock::new();
         let root = ROOT
             .get_or_init(|| {
-                // Under a lock: the two suites of tests/capi run in processes of their own
-                // at the same time, and unpack.sh copies the manifests in place.
-                let lock = std::env::temp_dir().join("handoff-capi-unpack.lock");
+                // Under the rig's lock, held alone: the two suites of tests/capi run in
+                // processes of their own at the same time, and unpack.sh copies the manifests
+                // in place, which `up` reads (under the same lock, shared).
                 let out = Command::new("flock")
-                    .arg(&lock)
+                    .arg(rig_lock())
                     .arg(scripts.join("unpack.sh"))
                     .output()
                     .expect("flock (util-linux) running unpack.sh");
@@ -141,8 +147,13 @@ impl Rig {
             .iter()
             .map(|name| {
                 let d = dir.join(name);
-                let mut cmd = Command::new(self.scripts.join("up.sh"));
-                cmd.arg(&d)
+                let mut cmd = Command::new("flock");
+                // --close: what up.sh leaves running (the API servers, podsim) must not hold
+                // the lock on; flock itself holds it until up.sh returns.
+                cmd.args(["--shared", "--close"])
+                    .arg(rig_lock())
+                    .arg(self.scripts.join("up.sh"))
+                    .arg(&d)
                     .arg(name)
                     .env("CAPI_ROOT", &self.root)
                     .env("TZ", "UTC")

@@ -29,8 +29,16 @@ pub const IN_NETNS: &str = "HANDOFF_IN_NETNS";
 /// The outer binary's network namespace, for the re-executed one to check it left it.
 const OUTER_NETNS: &str = "HANDOFF_OUTER_NETNS";
 
-/// How long the re-executed test may run before the outer one kills it and fails.
-const RUN_LIMIT: Duration = Duration::from_secs(30 * 60);
+/// How long the re-executed test may run before the outer one kills it and fails: 30 minutes,
+/// or `HANDOFF_NETNS_RUN_LIMIT` seconds (a run of every crash case takes hours).
+fn run_limit() -> Duration {
+    match std::env::var("HANDOFF_NETNS_RUN_LIMIT") {
+        Err(_) => Duration::from_secs(30 * 60),
+        Ok(v) => Duration::from_secs(v.trim().parse().unwrap_or_else(|_| {
+            panic!("HANDOFF_NETNS_RUN_LIMIT={v:?}: give a whole number of seconds")
+        })),
+    }
+}
 
 /// True when the calling test is to go on: it now runs inside a network namespace of its own
 /// with `lo` up. False when it must return at once: either the test already ran (and passed)
@@ -170,7 +178,8 @@ fn run_in_netns(test_name: &str) {
         forward(child.stderr.take().expect("stderr"), true, tx),
     ];
     let mut stdout = String::new();
-    let deadline = started + RUN_LIMIT;
+    let limit = run_limit();
+    let deadline = started + limit;
     let mut exited_at: Option<Instant> = None;
     loop {
         match rx.recv_timeout(Duration::from_secs(1)) {
@@ -185,7 +194,7 @@ fn run_in_netns(test_name: &str) {
             Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() > deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("{test_name} in its own network namespace ran past {RUN_LIMIT:?}: killed");
+                panic!("{test_name} in its own network namespace ran past {limit:?} (HANDOFF_NETNS_RUN_LIMIT): killed");
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 // Exited, but something it started still holds its stdout or stderr open:
