@@ -194,7 +194,9 @@ fn run_in_netns(test_name: &str) {
             Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() > deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("{test_name} in its own network namespace ran past {limit:?} (HANDOFF_NETNS_RUN_LIMIT): killed");
+                panic!(
+                    "{test_name} in its own network namespace ran past {limit:?} (HANDOFF_NETNS_RUN_LIMIT): killed"
+                );
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 // Exited, but something it started still holds its stdout or stderr open:
