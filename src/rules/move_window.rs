@@ -85,7 +85,8 @@ pub struct PinnedRef {
 pub enum Unseen {
     /// The watch has not listed them yet.
     NotListed,
-    /// The watch has been failing past `--stale-after`: the windows last seen are all there is.
+    /// The watch has failed and the windows could not be read now, or it has been failing past
+    /// `--stale-after`: the windows last seen are all there is.
     Stale(String),
 }
 

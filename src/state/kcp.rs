@@ -305,10 +305,12 @@ impl Kcp {
         .await
     }
 
-    /// Whether the wildcard watch answers now (listed, and proven current within
-    /// `max_staleness`).
+    /// Whether the wildcard watch answers now (listed, not failed since, and proven current
+    /// within `max_staleness`): from its first error its view proves nothing, and every lookup
+    /// is a read until it lists again.
     pub fn watch_current(&self) -> bool {
         self.watched.is_synced()
+            && self.health.failing_for().is_none()
             && self
                 .watched
                 .proven_ago()
@@ -546,6 +548,17 @@ mod tests {
         kcp.watched.replace_all([(at(), held())]);
         assert!(kcp.watch_current());
         assert_eq!(kcp.namespace(&at()).await, KcpLookup::Known(held()));
+        // A watch that failed proves nothing from its first error, however recent its last
+        // event: kcp is read (unreachable here), until the watch lists again.
+        kcp.health.failed("connection reset");
+        assert!(!kcp.watch_current());
+        assert!(matches!(
+            kcp.namespace(&at()).await,
+            KcpLookup::Unavailable(_)
+        ));
+        kcp.health.ok();
+        kcp.watched.replace_all([(at(), held())]);
+        assert!(kcp.watch_current());
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert!(!kcp.watch_current());
         assert!(matches!(

@@ -22,7 +22,7 @@ use crate::rules::identity::Identities;
 use crate::rules::move_window::{OwnDeployment, ParentDeployment, Unseen};
 use crate::rules::sync_finalizer::{KcpState, NamespaceMeta, NamespaceState};
 use namespaces::{CacheEntry, NamespaceCache};
-use windows::{DeploymentCache, DeploymentMeta, WindowCache};
+use windows::{DeploymentCache, DeploymentMeta, WindowCache, WindowSnapshot};
 
 /// What a decision learnt about a namespace; owned, so the request can hold it across awaits.
 #[derive(Debug, Clone, PartialEq)]
@@ -130,6 +130,19 @@ impl WatchHealth {
         f.as_ref().map(|(since, _)| since.elapsed())
     }
 
+    /// Why the view this watch fed proves nothing now, if it has failed since it last listed:
+    /// from its first error, not after `stale_after`. A failed watch is not a slow one: handoff
+    /// knows it is blind at once, and an event missed meanwhile (a hold added, a window opened)
+    /// may be the one that matters.
+    pub fn blind(&self, what: &str) -> Option<String> {
+        let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        let (since, error) = f.as_ref()?;
+        Some(format!(
+            "the {what} watch failed {:.1}s ago ({error}) and has not listed again",
+            since.elapsed().as_secs_f64()
+        ))
+    }
+
     /// Why the cache is stale, if it has been failing for longer than `after`.
     pub fn stale(&self, what: &str, after: Duration) -> Option<String> {
         let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
@@ -200,6 +213,8 @@ pub struct State {
     /// Namespace reads in flight, one per name: the removal epoch each began at, and what it
     /// found (`None`: no such namespace).
     reads: single_flight::SingleFlight<Box<str>, (u64, Option<Annotations>)>,
+    /// The MoveWindow read of a blind watch in flight, shared by the requests that wait on it.
+    window_reads: single_flight::SingleFlight<(), Arc<WindowSnapshot>>,
 }
 
 /// A namespace's annotations as a read finds them.
@@ -226,6 +241,7 @@ impl State {
             kcp: None,
             telemetry: Default::default(),
             reads: Default::default(),
+            window_reads: Default::default(),
         }
     }
 
@@ -245,27 +261,61 @@ impl State {
         self.watches.namespaces.stale("namespace", self.stale_after)
     }
 
-    /// Why the pin's caches cannot be trusted now, if they cannot.
-    pub fn windows_stale(&self) -> Option<String> {
-        self.watches
-            .windows
-            .stale("MoveWindow", self.stale_after)
-            .or_else(|| {
-                self.watches
-                    .deployments
-                    .stale("Deployment", self.stale_after)
+    /// The MoveWindows as the pin may decide on them, and why it cannot see every one, if it
+    /// cannot. While the watch is blind (it failed and has not listed again) its view proves
+    /// nothing: the windows are read from the API server now, one read shared by the requests
+    /// that arrive meanwhile, and a failed read leaves the pin in doubt. Past `stale_after` the
+    /// cache is untrusted whatever a read says (readiness fails too), as before.
+    pub async fn windows_view(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> (Arc<WindowSnapshot>, Option<Unseen>) {
+        let cached = self.windows.snapshot();
+        if !self.windows.is_synced() {
+            return (cached, Some(Unseen::NotListed));
+        }
+        if let Some(why) = self.watches.windows.stale("MoveWindow", self.stale_after) {
+            return (cached, Some(Unseen::Stale(why)));
+        }
+        let (Some(why), Some(client)) = (self.watches.windows.blind("MoveWindow"), &self.client)
+        else {
+            return (cached, None);
+        };
+        let budget = self.read_budget(deadline);
+        let api = kube::Api::<MoveWindow>::all(client.clone());
+        let read = self
+            .window_reads
+            .run((), "the MoveWindow read", || async move {
+                match tokio::time::timeout(budget, api.list(&Default::default())).await {
+                    Err(_) => Err(format!("the API server did not answer within {budget:?}")),
+                    Ok(Err(e)) => Err(format!("the API server said: {e}")),
+                    Ok(Ok(list)) => {
+                        let read = WindowCache::default();
+                        read.replace_all(&list.items);
+                        Ok(read.snapshot())
+                    }
+                }
             })
+            .await;
+        match read {
+            Ok(snap) => (snap, None),
+            Err(e) => (
+                cached,
+                Some(Unseen::Stale(format!(
+                    "{why}, and reading the MoveWindows failed: {e}"
+                ))),
+            ),
+        }
     }
 
-    /// Why the pin cannot see every MoveWindow now, if it cannot.
-    pub fn windows_unseen(&self) -> Option<Unseen> {
-        if !self.windows.is_synced() {
-            return Some(Unseen::NotListed);
-        }
-        self.watches
-            .windows
-            .stale("MoveWindow", self.stale_after)
-            .map(Unseen::Stale)
+    /// How long a read a request waits on may take: `api_timeout`, or up to 50 ms before the
+    /// request's deadline, to leave time to answer.
+    fn read_budget(&self, deadline: Option<tokio::time::Instant>) -> Duration {
+        deadline.map_or(self.api_timeout, |d| {
+            d.saturating_duration_since(tokio::time::Instant::now())
+                .saturating_sub(Duration::from_millis(50))
+                .min(self.api_timeout)
+        })
     }
 
     /// State from a folder of YAML manifests. Kinds it does not read are an error, so that a
@@ -348,10 +398,14 @@ impl State {
     }
 
     /// Why the cached namespace view cannot be shown to be current, if it cannot: the watch
-    /// has delivered nothing for longer than `max_staleness` (a quiet cluster, or a watch
-    /// connection that died without a word). State from files is always current.
+    /// has failed since it last listed, or has delivered nothing for longer than
+    /// `max_staleness` (a quiet cluster, or a watch connection that died without a word).
+    /// State from files is always current.
     pub fn namespaces_unproven(&self) -> Option<String> {
         self.client.as_ref()?;
+        if let Some(why) = self.watches.namespaces.blind("namespace") {
+            return Some(why);
+        }
         match self.namespaces.proven_ago() {
             Some(ago) if ago <= self.max_staleness => None,
             Some(ago) => Some(format!(
@@ -430,32 +484,36 @@ impl State {
         }
     }
 
-    /// The Deployment behind a scale request: from the cache, or asked of the API once, giving
-    /// up as "unavailable" 50 ms before `deadline` to leave time to answer.
+    /// The Deployment behind a scale request, and why its labels may be out of date, if they
+    /// may: from the cache, or asked of the API once on a miss, giving up as "unavailable" 50 ms
+    /// before `deadline` to leave time to answer. While the Deployment watch is blind (it
+    /// failed and has not listed again) the cache proves nothing and the Deployment is read
+    /// now; if that read fails, a cached entry is used marked stale (a window's list of pinned
+    /// Deployments then counts too).
     pub async fn deployment(
         &self,
         namespace: &str,
         name: &str,
         deadline: Option<tokio::time::Instant>,
-    ) -> DeploymentLookup {
-        if let Some(d) = self.deployments.get(namespace, name) {
-            return DeploymentLookup::Known(d);
-        }
-        let Some(client) = self.client.clone() else {
-            return DeploymentLookup::Missing;
+    ) -> (DeploymentLookup, Option<String>) {
+        let blind = self.watches.deployments.blind("Deployment");
+        let cached = self.deployments.get(namespace, name);
+        let stale = || {
+            self.watches
+                .deployments
+                .stale("Deployment", self.stale_after)
         };
-        let budget = deadline.map_or(self.api_timeout, |d| {
-            d.saturating_duration_since(tokio::time::Instant::now())
-                .saturating_sub(Duration::from_millis(50))
-                .min(self.api_timeout)
-        });
+        let client = match (&cached, &blind, &self.client) {
+            (Some(d), None, _) => return (DeploymentLookup::Known(d.clone()), stale()),
+            (_, _, None) => return (DeploymentLookup::Missing, None),
+            (_, _, Some(client)) => client.clone(),
+        };
+        let budget = self.read_budget(deadline);
         let api = kube::Api::<PartialObjectMeta<Deployment>>::namespaced(client, namespace);
-        match tokio::time::timeout(budget, api.get_opt(name)).await {
-            Err(_) => DeploymentLookup::Unavailable(format!(
-                "the API server did not answer within {budget:?}"
-            )),
-            Ok(Err(e)) => DeploymentLookup::Unavailable(format!("the API server said: {e}")),
-            Ok(Ok(None)) => DeploymentLookup::Missing,
+        let failed = match tokio::time::timeout(budget, api.get_opt(name)).await {
+            Err(_) => format!("the API server did not answer within {budget:?}"),
+            Ok(Err(e)) => format!("the API server said: {e}"),
+            Ok(Ok(None)) => return (DeploymentLookup::Missing, None),
             Ok(Ok(Some(d))) => {
                 let meta = DeploymentMeta::new(
                     d.metadata.labels.as_ref(),
@@ -463,8 +521,15 @@ impl State {
                 );
                 self.deployments
                     .insert_if_absent(namespace, name, meta.clone());
-                DeploymentLookup::Known(Arc::new(meta))
+                return (DeploymentLookup::Known(Arc::new(meta)), None);
             }
+        };
+        match (cached, blind) {
+            (Some(d), Some(why)) => (
+                DeploymentLookup::Known(d),
+                Some(format!("{why}, and reading it failed: {failed}")),
+            ),
+            _ => (DeploymentLookup::Unavailable(failed), None),
         }
     }
 
@@ -491,7 +556,13 @@ impl State {
             if !self.deployments.is_synced() {
                 why.push("the Deployment cache (move-window) is not synced yet".to_string());
             }
-            why.extend(self.windows_stale());
+            // Each stale watch named: an operator fixes them one by one.
+            why.extend(self.watches.windows.stale("MoveWindow", self.stale_after));
+            why.extend(
+                self.watches
+                    .deployments
+                    .stale("Deployment", self.stale_after),
+            );
         }
         match why.is_empty() {
             true => Ok(()),

@@ -47,22 +47,13 @@ async fn decide_move_window(
     let Some(pin) = PinRequest::from_review(req) else {
         return Decision::allow(req, Reason::Pin(PinReason::NotApplicable));
     };
-    let snap = state.windows.snapshot();
-    let view = WindowView::new(
-        &snap.open,
-        &snap.invalid,
-        &snap.pinned,
-        state.windows_unseen(),
-    );
+    let (snap, unseen) = state.windows_view(deadline).await;
+    let view = WindowView::new(&snap.open, &snap.invalid, &snap.pinned, unseen);
     let (lookup, stale);
     let pin = match pin.parent_to_read(&view) {
         None => pin,
         Some((namespace, name)) => {
-            lookup = state.deployment(namespace, name, deadline).await;
-            stale = state
-                .watches
-                .deployments
-                .stale("Deployment", state.stale_after);
+            (lookup, stale) = state.deployment(namespace, name, deadline).await;
             pin.with_parent(lookup.parent(stale.as_deref()))
         }
     };

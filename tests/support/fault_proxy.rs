@@ -11,7 +11,14 @@
 //!   connection: the proxy keeps logging what handoff still asks while the server is away;
 //! - refuse writes after N (`fail_writes_after`): POST, PUT, PATCH and DELETE past the N-th are
 //!   answered 503 without reaching the server, so to the cluster the client died after its
-//!   N-th write.
+//!   N-th write;
+//! - fail the watchers alone (`fail_watches`): every watch request and every watcher's list
+//!   (kube-runtime's watcher pages its lists, `limit=`) is answered 503 and every open watch
+//!   stream ends, while a decision's reads (one object, or an unpaged list) and writes pass: a
+//!   watch that broke while the server answers (a connection reset, a timeout on the watch alone);
+//! - hold requests (`hold`): those whose `METHOD /path?query` contains a pattern wait, unlogged
+//!   by the server, until the hold is lifted, so a test orders what it races (one watch failing
+//!   after the others, eight requests waiting on one read) by the state it sees, not by time.
 //!
 //! Everything else (storage, validation, defaulting, admission, watches, patches) is the real
 //! server's. A frozen watch connection is `FreezingProxy` in `apiserver.rs`.
@@ -49,6 +56,11 @@ struct Faults {
     unavailable: tokio::sync::watch::Sender<bool>,
     /// Writes still let through; negative: all of them.
     write_budget: AtomicI64,
+    watches_down: tokio::sync::watch::Sender<bool>,
+    /// Requests whose line contains this wait until it is `None` (or another pattern).
+    hold: tokio::sync::watch::Sender<Option<String>>,
+    /// Requests waiting at the hold now.
+    held: AtomicU64,
 }
 
 pub struct FaultProxy {
@@ -68,6 +80,9 @@ impl FaultProxy {
             latency_ms: AtomicU64::new(0),
             unavailable: tokio::sync::watch::Sender::new(false),
             write_budget: AtomicI64::new(-1),
+            watches_down: tokio::sync::watch::Sender::new(false),
+            hold: tokio::sync::watch::Sender::new(None),
+            held: AtomicU64::new(0),
         });
         let f = faults.clone();
         // What the server answers is what handoff sees: no retries on its behalf.
@@ -125,6 +140,23 @@ impl FaultProxy {
             .store(n.map_or(-1, |n| n as i64), Ordering::SeqCst);
     }
 
+    /// While true: 503 to every watch request and every watcher's (paged) list, and every open
+    /// watch stream ends; other reads and writes pass.
+    pub fn fail_watches(&self, yes: bool) {
+        self.faults.watches_down.send_replace(yes);
+    }
+
+    /// Hold every request whose `METHOD /path?query` contains `pattern` until `hold(None)`
+    /// (logged when it arrives, forwarded when released).
+    pub fn hold(&self, pattern: Option<&str>) {
+        self.faults.hold.send_replace(pattern.map(str::to_string));
+    }
+
+    /// How many requests wait at the hold now.
+    pub fn held(&self) -> u64 {
+        self.faults.held.load(Ordering::SeqCst)
+    }
+
     fn log(&self) -> Vec<Logged> {
         self.faults
             .log
@@ -180,12 +212,24 @@ async fn handle(
             write,
             line: format!("{method} {target}"),
         });
+    let line = format!("{method} {target}");
+    let holds = |p: &Option<String>| p.as_deref().is_some_and(|p| line.contains(p));
+    if holds(&faults.hold.borrow()) {
+        faults.held.fetch_add(1, Ordering::SeqCst);
+        let _ = faults.hold.subscribe().wait_for(|p| !holds(p)).await;
+        faults.held.fetch_sub(1, Ordering::SeqCst);
+    }
     let latency = faults.latency_ms.load(Ordering::SeqCst);
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
     if *faults.unavailable.borrow() {
         return unavailable("the API server is unavailable (FaultProxy::set_unavailable)");
+    }
+    let watch = target.contains("watch=true") || target.contains("watch=1");
+    let watchers_list = method == "GET" && target.contains("limit=");
+    if (watch || watchers_list) && *faults.watches_down.borrow() {
+        return unavailable("the watch is refused (FaultProxy::fail_watches)");
     }
     if write {
         // Taken only while positive: a refused write leaves the budget at 0.
@@ -209,10 +253,24 @@ async fn handle(
         }
         Err(ForwardError::Send(e)) => return unavailable(&format!("forwarding: {e}")),
     };
-    // Streamed as it comes (a watch), until the proxy is made unavailable.
-    let mut gone = faults.unavailable.subscribe();
+    // Streamed as it comes (a watch), until the proxy is made unavailable (or, for a watch,
+    // until watches fail).
+    let (mut gone, mut watches_down) = (
+        faults.unavailable.subscribe(),
+        faults.watches_down.subscribe(),
+    );
     relay(response, async move {
-        let _ = gone.wait_for(|u| *u).await;
+        let server_gone = gone.wait_for(|u| *u);
+        let watch_gone = async {
+            match watch {
+                true => drop(watches_down.wait_for(|d| *d).await),
+                false => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = server_gone => {}
+            _ = watch_gone => {}
+        }
     })
 }
 
