@@ -520,7 +520,13 @@ fn pin_setup(api: &ApiServer) {
 /// Until a dry-run scale of the pinned `pre` comes back at 0: whichever engine pins, it has
 /// seen the window.
 fn wait_pinning(api: &ApiServer) {
-    eventually("the window pins", WAIT, || {
+    wait_pinning_of(api, "pre");
+}
+
+/// Until a server-side dry run of scaling `deployment` comes back pinned at 0: the API server's
+/// policy informers have seen the binding and its parameters.
+fn wait_pinning_of(api: &ApiServer, deployment: &str) {
+    eventually(&format!("the window pins {deployment}"), WAIT, || {
         let out = api.kubectl(
             ADMIN,
             &[
@@ -528,7 +534,7 @@ fn wait_pinning(api: &ApiServer) {
                 "pin-capi",
                 "scale",
                 "deployment",
-                "pre",
+                deployment,
                 "--replicas=1",
                 "--dry-run=server",
                 "-o",
@@ -759,7 +765,7 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
         "window open again: {}",
         text(&out.stderr)
     );
-    std::thread::sleep(Duration::from_secs(2));
+    wait_pinning_of(&api, "a");
     kubectl_ok(
         &api,
         &["-n", "pin-capi", "scale", "deployment", "a", "--replicas=9"],

@@ -174,8 +174,9 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
     let mut report = Report::new(&samples, &windows, Some(crash_at));
     report.expected = (duration.as_secs_f64() * f64::from(per_second)) as usize;
     let counted_after = apiserver_webhook_counts(&api);
-    report.apiserver_failed_calls = counted_after.0 - counted_before.0;
-    report.apiserver_fail_open = counted_after.1 - counted_before.1;
+    the_scrape_counted_the_load(&counted_before, &counted_after);
+    report.apiserver_failed_calls = counted_after.failed - counted_before.failed;
+    report.apiserver_fail_open = counted_after.fail_open - counted_before.fail_open;
     report.print(&format!(
         "{rollouts} rollout(s) of each Deployment, a kill -9, a rotation, {per_second}/s"
     ));
@@ -302,30 +303,76 @@ fn rotated_everywhere(shipped: &Shipped) {
     );
 }
 
-/// The API server's own counts of calls to handoff's webhooks that failed, and that
-/// `failurePolicy: Ignore` let through.
-fn apiserver_webhook_counts(api: &ApiServer) -> (f64, f64) {
-    let metrics = text(&api.kubectl(ADMIN, &["get", "--raw", "/metrics"]).stdout);
-    let (mut failed, mut fail_open) = (0.0, 0.0);
+/// The API server's own counts of calls to handoff's webhooks: those that failed, those that
+/// `failurePolicy: Ignore` let through, and every call by webhook. Checked, not assumed: the
+/// scrape must succeed and every sample parse, so that neither a failed scrape nor a renamed
+/// series reads as "no failed call" (`the_scrape_counted_the_load` checks the rest).
+struct WebhookCounts {
+    failed: f64,
+    fail_open: f64,
+    calls: std::collections::BTreeMap<String, f64>,
+}
+
+fn apiserver_webhook_counts(api: &ApiServer) -> WebhookCounts {
+    let out = api.kubectl(ADMIN, &["get", "--raw", "/metrics"]);
+    assert!(
+        out.status.success(),
+        "scraping the API server's /metrics failed: {}",
+        text(&out.stderr)
+    );
+    let metrics = text(&out.stdout);
+    let mut counts = WebhookCounts {
+        failed: 0.0,
+        fail_open: 0.0,
+        calls: Default::default(),
+    };
     for line in metrics.lines() {
-        if !line.contains("handoff.dev\"") {
+        if line.starts_with('#') || !line.contains("handoff.dev\"") {
             continue;
         }
         let value: f64 = line
             .rsplit(' ')
             .next()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
+            .unwrap_or_else(|| panic!("an unreadable sample in the API server's /metrics: {line}"));
         if line.starts_with("apiserver_admission_webhook_rejection_count{")
             && (line.contains("error_type=\"calling_webhook_error\"")
                 || line.contains("error_type=\"apiserver_internal_error\""))
         {
-            failed += value;
+            counts.failed += value;
         } else if line.starts_with("apiserver_admission_webhook_fail_open_count{") {
-            fail_open += value;
+            counts.fail_open += value;
+        } else if line.starts_with("apiserver_admission_webhook_admission_duration_seconds_count{")
+        {
+            let name = [",name=\"", "{name=\""]
+                .iter()
+                .find_map(|k| line.split_once(k))
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(name, _)| name.to_string())
+                .unwrap_or_else(|| panic!("a webhook sample without a name: {line}"));
+            *counts.calls.entry(name).or_default() += value;
         }
     }
-    (failed, fail_open)
+    counts
+}
+
+/// The counts of failed calls are differences of series that exist only once something
+/// happened: they mean "none failed" only if the same scrape counted the load's calls to each
+/// webhook it drives (the guard's deletes, the scale pin's scales).
+fn the_scrape_counted_the_load(before: &WebhookCounts, after: &WebhookCounts) {
+    for webhook in [
+        "sync-finalizer.handoff.dev",
+        "move-window-scale.handoff.dev",
+    ] {
+        let calls = |c: &WebhookCounts| c.calls.get(webhook).copied().unwrap_or(0.0);
+        assert!(
+            calls(after) > calls(before),
+            "the API server's /metrics count no call to {webhook} during the load \
+             ({} before, {} after): its count of failed calls would prove nothing",
+            calls(before),
+            calls(after)
+        );
+    }
 }
 
 /// The leaf certificate (DER) served at `ip:8443`.

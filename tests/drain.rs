@@ -21,6 +21,18 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Poll `check` until it holds; the minute only bounds a test that would otherwise hang.
+async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// GET over plain HTTP/1.1 (the metrics port); the status code, or None if refused.
 fn plain_get(port: u16, path: &str) -> Option<u16> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -71,9 +83,9 @@ async fn sigterm_under_load_answers_every_accepted_request() {
             "--drain-delay",
             "300ms",
             "--drain-timeout",
-            "15s",
+            "120s",
             "--api-timeout",
-            "10s",
+            "60s",
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -106,9 +118,10 @@ async fn sigterm_under_load_answers_every_accepted_request() {
         );
     }
 
-    // Every decision waits 2 s on the API server (cache misses): far longer than the drain
-    // delay, so the listener closes while all of them are in flight.
-    proxy.set_latency(Duration::from_millis(2000));
+    // Every decision waits on its read of the API server (cache misses), which the proxy holds
+    // until the test has seen the listener close: all of them are in flight through the
+    // drain, however slow the machine.
+    proxy.hold(Some("GET /api/v1/namespaces/kcp-unseen-"));
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut inflight = Vec::new();
     for i in 0..16 {
@@ -122,14 +135,17 @@ async fn sigterm_under_load_answers_every_accepted_request() {
         inflight.push(tokio::spawn(async move {
             c.send(
                 "POST",
-                "/validate/sync-finalizer?timeout=10s",
+                "/validate/sync-finalizer?timeout=30s",
                 Some("application/json"),
                 serde_json::to_vec(&review).unwrap(),
             )
             .await
         }));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until("all 16 decisions waiting on their reads", || {
+        proxy.held() == 16
+    })
+    .await;
     let pid = child.id().to_string();
     assert!(
         Command::new("kill")
@@ -140,19 +156,13 @@ async fn sigterm_under_load_answers_every_accepted_request() {
     );
 
     // Readiness fails first, while requests are still being answered.
-    let mut unready = false;
-    for _ in 0..40 {
-        if plain_get(metrics_port, "/readyz") == Some(503) {
-            unready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(unready, "readiness did not fail on SIGTERM");
-
-    // The listener closes after the drain delay, long before the requests finish.
+    wait_until("readiness to fail on SIGTERM", || {
+        plain_get(metrics_port, "/readyz") == Some(503)
+    })
+    .await;
+    // The listener closes after the drain delay, while every request waits.
     let mut closed = false;
-    for _ in 0..100 {
+    for _ in 0..6000 {
         if tokio::net::TcpStream::connect(addr).await.is_err() {
             closed = true;
             break;
@@ -164,6 +174,7 @@ async fn sigterm_under_load_answers_every_accepted_request() {
         inflight.iter().all(|r| !r.is_finished()),
         "requests finished before the listener closed: the drain was not exercised"
     );
+    proxy.hold(None);
     for (i, r) in inflight.into_iter().enumerate() {
         let reply = r
             .await

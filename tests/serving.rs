@@ -286,7 +286,8 @@ async fn the_wait_for_a_slot_is_part_of_the_deadline() {
         slow.review(&format!("{GUARD}?timeout=10s"), stuck_review())
             .await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The slow request holds the only slot before the next one arrives.
+    wait_for_in_flight(&server, 1).await;
     let mut c = server.connect(Proto::H1).await;
     let started = std::time::Instant::now();
     let r = c
@@ -355,7 +356,8 @@ async fn saturation_sheds_waiting_requests_with_503() {
         slow.review(&format!("{GUARD}?timeout=2s"), stuck_review())
             .await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The slow request holds the only slot before the next one arrives.
+    wait_for_in_flight(&server, 1).await;
     for proto in BOTH {
         let mut c = server.connect(proto).await;
         let r = c
@@ -645,4 +647,17 @@ async fn a_client_that_stalls_the_handshake_or_its_headers_is_dropped() {
         "a client that never finishes its headers is still connected after {closed_within:?}"
     );
     server.stop().await;
+}
+
+/// Wait until `n` requests are inside handoff's request path (a slot taken): what a test of
+/// the limits needs, however slow the machine.
+async fn wait_for_in_flight(server: &TestServer, n: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while server.app.metrics.in_flight.get() != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {n} request(s) in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
