@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 pub use crate::rules::selector::default_deployment_selector;
 use crate::rules::selector::{Selector, SelectorError};
 
+pub use super::phase::{MovePhase, WindowPhase};
+
 /// While `spec.state` is `Open`, every selected controller Deployment is stopped: its
 /// leader-election Lease held by the window (its webhooks keep serving), or, where it holds no
 /// Lease, pinned to zero replicas with the count it asked for kept in
@@ -91,7 +93,8 @@ pub enum MoveRole {
 pub struct MoveWindowStatus {
     /// `Opening`, `Open` (every pinned pod gone), `Closing`, `Closed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    #[schemars(with = "Option<String>")]
+    pub phase: Option<WindowPhase>,
     /// RFC 3339 time the window was opened by `handoff window open`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opened_at: Option<String>,
@@ -126,7 +129,8 @@ pub struct MoveWindowStatus {
 pub struct MoveRecord {
     /// `Stopping target`, `Moving` (clusterctl runs), `Stopping source`, `Copying`,
     /// `Restoring`, `Failed`, `Done`, `Aborted`.
-    pub phase: String,
+    #[schemars(with = "String")]
+    pub phase: MovePhase,
     /// The source namespace clusterctl moves (`--namespace`).
     pub namespace: String,
     /// When this attempt started (RFC 3339).

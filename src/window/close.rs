@@ -1,6 +1,7 @@
 //! `handoff window close`: set the window Closed, restore every Scale-stopped Deployment,
 //! release every held Lease and wait until each controller runs or leads again.
 
+use crate::resources::move_window::WindowPhase;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::Duration;
@@ -173,8 +174,8 @@ async fn close_one(
         );
     }
     let status = record(c, &opts.name, |s| {
-        if s.phase.as_deref() != Some("Closed") {
-            s.phase = Some("Closing".into());
+        if s.phase != Some(WindowPhase::Closed) {
+            s.phase = Some(WindowPhase::Closing);
         }
         s.last_step = Some("window-closed".into());
     })
@@ -353,7 +354,7 @@ async fn close_one(
     // Then the Leases, once every Scale-stopped controller runs again.
     restored.extend(release_leases(c, opts, &status, out).await?);
     record(c, &opts.name, |s| {
-        s.phase = Some("Closed".into());
+        s.phase = Some(WindowPhase::Closed);
         s.closed_at.get_or_insert_with(now);
         s.last_step = Some("restored".into());
     })

@@ -1,6 +1,7 @@
 //! What every `handoff window` command shares: the clusters, the errors, reading the selected
 //! Deployments and recording progress in the window's status.
 
+use crate::resources::phase::known;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -190,6 +191,21 @@ pub async fn record(
             .await
             .map_err(api_err(c, format!("reading MoveWindow {name}")))?;
         let mut status = w.status.take().unwrap_or_default();
+        // Nothing is written over a record this version cannot read.
+        let unknown = status
+            .phase
+            .as_ref()
+            .and_then(|p| known(p, name, "phase").err())
+            .or_else(|| {
+                let m = status.move_record.as_ref()?;
+                known(&m.phase, name, "move phase").err()
+            });
+        if let Some(e) = unknown {
+            return Err(WindowError::Refused {
+                cluster: c.label.clone(),
+                message: e.to_string(),
+            });
+        }
         f(&mut status);
         status.pinned_count = status.pinned.len() as i32;
         w.status = Some(status.clone());

@@ -9,6 +9,7 @@
 //! (`waitReadyForMove`: 5 s × 1.5, 10 attempts per object, about 6 minutes), create in the
 //! target in owner order, delete from the source, unpause the target.
 
+use crate::resources::phase::{MovePhase, UnknownPhase, known};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -69,19 +70,27 @@ pub enum StartError {
     #[error(
         "the window records an unfinished move of namespace {namespace:?} ({phase}); finish it (same command with --namespace {namespace}) or abort it (--abort) first"
     )]
-    OtherNamespace { namespace: String, phase: String },
+    OtherNamespace { namespace: String, phase: MovePhase },
+    #[error("{0}")]
+    UnknownPhase(#[from] UnknownPhase),
 }
 
-pub fn start(record: Option<&MoveRecord>, namespace: &str) -> Result<Start, StartError> {
+pub fn start(
+    record: Option<&MoveRecord>,
+    window: &str,
+    namespace: &str,
+) -> Result<Start, StartError> {
     let Some(r) = record else {
         return Ok(Start::Fresh);
     };
-    // An empty phase is no move: an --abort of a move that had recorded nothing used to leave
-    // such a record (of no namespace), which would refuse every later move.
-    if matches!(r.phase.as_str(), "Done" | "Aborted" | "") {
+    // Nothing is resumed, aborted or started over a record this version cannot read.
+    known(&r.phase, window, "move phase")?;
+    // An unrecorded phase is no move: an --abort of a move that had recorded nothing used to
+    // leave such a record (of no namespace), which would refuse every later move.
+    if r.phase.is_over() {
         return Ok(Start::Fresh);
     }
-    if r.phase == "Aborting" {
+    if r.phase == MovePhase::Aborting {
         return Err(StartError::AbortUnfinished {
             namespace: r.namespace.clone(),
         });
@@ -390,9 +399,9 @@ mod tests {
         }
     }
 
-    fn record(phase: &str, exit: Option<i32>) -> MoveRecord {
+    fn record(phase: MovePhase, exit: Option<i32>) -> MoveRecord {
         MoveRecord {
-            phase: phase.into(),
+            phase,
             namespace: "clusters".into(),
             clusterctl_exit: exit,
             ..MoveRecord::default()
@@ -429,49 +438,73 @@ mod tests {
 
     #[test]
     fn a_run_starts_where_the_last_one_stopped() {
-        assert_eq!(start(None, "clusters"), Ok(Start::Fresh));
-        for done in ["Done", "Aborted"] {
+        assert_eq!(start(None, "move-clusters", "clusters"), Ok(Start::Fresh));
+        for done in [MovePhase::Done, MovePhase::Aborted] {
             assert_eq!(
-                start(Some(&record(done, Some(0))), "clusters"),
+                start(Some(&record(done, Some(0))), "move-clusters", "clusters"),
                 Ok(Start::Fresh)
             );
         }
         // What an --abort of a move that had recorded nothing used to leave.
         assert_eq!(
-            start(Some(&MoveRecord::default()), "clusters"),
+            start(Some(&MoveRecord::default()), "move-clusters", "clusters"),
             Ok(Start::Fresh)
         );
         for phase in [
-            "Stopping target",
-            "Moving",
-            "Stopping source",
-            "Copying",
-            "Failed",
+            MovePhase::StoppingTarget,
+            MovePhase::Moving,
+            MovePhase::StoppingSource,
+            MovePhase::Copying,
+            MovePhase::Failed,
         ] {
             assert_eq!(
-                start(Some(&record(phase, None)), "clusters"),
+                start(
+                    Some(&record(phase.clone(), None)),
+                    "move-clusters",
+                    "clusters"
+                ),
                 Ok(Start::Resume)
             );
             assert_eq!(
-                start(Some(&record(phase, Some(1))), "clusters"),
+                start(Some(&record(phase, Some(1))), "move-clusters", "clusters"),
                 Ok(Start::Resume)
             );
         }
         assert_eq!(
-            start(Some(&record("Restoring", Some(0))), "clusters"),
+            start(
+                Some(&record(MovePhase::Restoring, Some(0))),
+                "move-clusters",
+                "clusters"
+            ),
             Ok(Start::RestoreOnly)
         );
-        let other = start(Some(&record("Failed", Some(1))), "elsewhere")
-            .unwrap_err()
-            .to_string();
+        let other = start(
+            Some(&record(MovePhase::Failed, Some(1))),
+            "move-clusters",
+            "elsewhere",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(other.contains("--namespace clusters"), "{other}");
+        // A phase another version wrote: refused by name, never resumed or started over.
+        let later = start(
+            Some(&record(MovePhase::from("Verifying".to_string()), Some(1))),
+            "move-clusters",
+            "clusters",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            later.contains("MoveWindow move-clusters records move phase \"Verifying\""),
+            "{later}"
+        );
     }
 
     #[test]
     fn a_resume_after_deletes_keeps_the_source_stopped() {
         let r = MoveRecord {
             clusters: vec!["ns/a".into(), "ns/b".into()],
-            ..record("Failed", Some(1))
+            ..record(MovePhase::Failed, Some(1))
         };
         let both = [c("ns/a", true, None), c("ns/b", true, None)];
         // Nothing deleted yet: the source runs again for the re-run.
@@ -539,7 +572,7 @@ mod tests {
     fn a_rerun_unpauses_only_what_clusterctl_paused() {
         let r = MoveRecord {
             paused_by_clusterctl: vec!["ns/a".into()],
-            ..record("Failed", Some(1))
+            ..record(MovePhase::Failed, Some(1))
         };
         let now = [
             c("ns/a", true, None),

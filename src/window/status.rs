@@ -144,7 +144,7 @@ pub async fn status(
                 cluster: c.label.clone(),
                 name: w.metadata.name.clone().unwrap_or_default(),
                 state: w.spec.state,
-                phase: status.phase.clone(),
+                phase: status.phase.as_ref().map(|p| p.to_string()),
                 role: w.spec.role,
                 reason: w.spec.reason.clone(),
                 created: w

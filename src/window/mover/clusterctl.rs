@@ -2,6 +2,7 @@
 //! source's controllers are proven stopped, then is lifted so that clusterctl copies; and
 //! `--dry-run`, which runs clusterctl's own dry run beside handoff's plan.
 
+use crate::resources::move_window::MovePhase;
 use std::io::Write;
 
 use serde_json::json;
@@ -71,7 +72,7 @@ async fn stop_source(
     out: &mut dyn Write,
 ) -> Result<()> {
     note(target, window, |m| {
-        m.phase = "Stopping source".into();
+        m.phase = MovePhase::StoppingSource;
         m.paused_by_clusterctl = paused.to_vec();
     })
     .await?;
@@ -92,7 +93,7 @@ async fn stop_source(
         out,
         "both clusters' controllers are proven stopped, and serve their webhooks",
     );
-    note(target, window, |m| m.phase = "Copying".into()).await
+    note(target, window, |m| m.phase = MovePhase::Copying).await
 }
 
 /// Run clusterctl to its end. Meanwhile: once clusterctl has paused the source and the

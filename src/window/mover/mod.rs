@@ -8,6 +8,7 @@ mod cluster_api;
 mod clusterctl;
 mod restore;
 
+use crate::resources::move_window::MovePhase;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -155,8 +156,8 @@ pub async fn run(
         cluster: c.label.clone(),
         message,
     };
-    let mut start =
-        move_plan::start(recorded.as_ref(), &ns).map_err(|e| refused(target, e.to_string()))?;
+    let mut start = move_plan::start(recorded.as_ref(), &opts.window, &ns)
+        .map_err(|e| refused(target, e.to_string()))?;
     let r = recorded.clone().unwrap_or_default();
     if start == Start::Resume {
         start = resumed(source, target, &r, out).await?;
@@ -185,7 +186,7 @@ pub async fn run(
                 .collect();
             unpause(target, &paused, &[], out).await?;
             note(target, &opts.window, |m| {
-                m.phase = "Restoring".into();
+                m.phase = MovePhase::Restoring;
                 m.clusterctl_exit = Some(0);
             })
             .await?;
@@ -322,7 +323,7 @@ pub async fn run(
             false => (m.target_stopped_at.take(), m.source_stopped_at.take()),
         };
         *m = MoveRecord {
-            phase: "Stopping target".into(),
+            phase: MovePhase::StoppingTarget,
             namespace: ns.clone(),
             started_at: Some(now()),
             attempts: m.attempts + 1,
@@ -364,7 +365,7 @@ pub async fn run(
         // 2. handoff's block-move on each source Cluster, so that clusterctl's wait includes
         // handoff's: recorded before written, so a run that dies after the write still lifts it.
         note(target, &opts.window, |m| {
-            m.phase = "Moving".into();
+            m.phase = MovePhase::Moving;
             m.block_move = add.clone();
         })
         .await?;
@@ -425,7 +426,7 @@ pub async fn run(
             );
             let code = ran.status.exit_code();
             note(target, &opts.window, |m| {
-                m.phase = "Failed".into();
+                m.phase = MovePhase::Failed;
                 m.clusterctl_exit = Some(ran.status.code.unwrap_or(-1));
                 m.error = Some(what.clone());
             })
@@ -438,7 +439,7 @@ pub async fn run(
         Err(e) => {
             let what = format!("handoff move stopped: {e}");
             let _ = note(target, &opts.window, |m| {
-                m.phase = "Failed".into();
+                m.phase = MovePhase::Failed;
                 m.error = Some(what.clone());
             })
             .await;
@@ -455,7 +456,7 @@ pub async fn run(
         );
     }
     note(target, &opts.window, |m| {
-        m.phase = "Restoring".into();
+        m.phase = MovePhase::Restoring;
         m.clusterctl_exit = Some(0);
         m.error = None;
     })

@@ -1,6 +1,7 @@
 //! The way back in `handoff move`: each cluster's window closed in order, what clusterctl
 //! paused unpaused, the closing report, and `--abort`.
 
+use crate::resources::move_window::MovePhase;
 use std::io::Write;
 
 use k8s_openapi::jiff::Timestamp;
@@ -135,7 +136,7 @@ pub async fn finish(
     restored: &[Restored],
     out: &mut dyn Write,
 ) -> Result<()> {
-    note(target, &opts.window, |m| m.phase = "Done".into()).await?;
+    note(target, &opts.window, |m| m.phase = MovePhase::Done).await?;
     let done = read_record(target, &opts.window).await?;
     let _ = writeln!(
         out,
@@ -216,9 +217,15 @@ pub async fn abort(
         );
     }
     if let Some(r) = recorded {
-        let start = match move_plan::start(Some(r), &r.namespace) {
+        let start = match move_plan::start(Some(r), &opts.window, &r.namespace) {
             Ok(Start::Resume) => resumed(source, target, r, out).await?,
             Ok(s) => s,
+            Err(move_plan::StartError::UnknownPhase(e)) => {
+                return Err(WindowError::Refused {
+                    cluster: target.label.clone(),
+                    message: e.to_string(),
+                });
+            }
             // An --abort that did not finish: this one finishes it.
             Err(_) => Start::Resume,
         };
@@ -228,7 +235,7 @@ pub async fn abort(
                 message: why,
             });
         }
-        note(target, &opts.window, |m| m.phase = "Aborting".into()).await?;
+        note(target, &opts.window, |m| m.phase = MovePhase::Aborting).await?;
     }
     let lifted = lift_block_move(source, target, &opts.window, &ns).await?;
     if !lifted.is_empty() {
@@ -241,7 +248,7 @@ pub async fn abort(
     let mut restored = Vec::new();
     restore_each([source, target], opts, &mut restored, out).await?;
     if recorded.is_some() {
-        note(target, &opts.window, |m| m.phase = "Aborted".into()).await?;
+        note(target, &opts.window, |m| m.phase = MovePhase::Aborted).await?;
     }
     let paused: Vec<String> = clusters_in(source, &ns)
         .await?

@@ -6,6 +6,7 @@ mod by_lease;
 mod by_scale;
 mod choose;
 
+use crate::resources::move_window::WindowPhase;
 use std::io::Write;
 use std::time::Duration;
 
@@ -71,13 +72,13 @@ async fn ensure_open(
     }
     // Recorded before the pin's policies are bound: their condition reads the strategies.
     let status = record(c, &opts.name, |s| {
-        if s.phase.as_deref() != Some("Open") {
+        if s.phase != Some(WindowPhase::Open) {
             // A new opening: what an earlier window recorded about its pods no longer holds.
-            if s.phase.as_deref() != Some("Opening") {
+            if s.phase != Some(WindowPhase::Opening) {
                 s.pods_gone_at = None;
                 s.opened_at = None;
             }
-            s.phase = Some("Opening".into());
+            s.phase = Some(WindowPhase::Opening);
         }
         s.opened_at.get_or_insert_with(now);
         s.closed_at = None;
@@ -619,7 +620,7 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
             );
         }
         record(c, &t.opts.name, |s| {
-            s.phase = Some("Open".into());
+            s.phase = Some(WindowPhase::Open);
             if !t.opts.wait_timeout.is_zero() {
                 s.pods_gone_at.get_or_insert_with(now);
             }
