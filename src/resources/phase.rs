@@ -108,6 +108,8 @@ phases! {
     }
 }
 
+// Derivable only by marking a variant inside the macro that writes both enums.
+#[allow(clippy::derivable_impls)]
 impl Default for MovePhase {
     fn default() -> Self {
         MovePhase::Unrecorded

@@ -13,15 +13,18 @@
 //! At a point the proxy kills handoff right before the write (clusterctl dies by its
 //! PDEATHSIG); for clusterctl's, during it.
 //!
-//! After each kill: the phase the target's MoveWindow records is a row of the table
-//! "If a move stops" (the test reads it), and the namespace is whole in one cluster or in
-//! clusterctl's documented state of a move it did not finish (objects in the target too, the
-//! source's Clusters paused). Then the same command finishes the move, or `--abort` first puts
-//! every controller back (refusing, as it must, once clusterctl has begun deleting from the
-//! source) and the same command then moves; after which the namespace is in the target alone,
-//! whole (the same objects, every owner reference resolving to an object of that cluster),
-//! nothing marked `delete-for-move`, every provider of both clusters leads again, and nothing
-//! of handoff is left.
+//! After each kill: nobody writes through the proxies a second later (clusterctl died with
+//! handoff); the phase the target's MoveWindow records is a row of the table "If a move stops"
+//! (the test reads it), and the clusters are what that row says (nothing in the target before
+//! `Copying`, the block-move on while the source is being stopped, both clusters' Leases the
+//! window's while copying); and nothing is lost: every object is in the source or the target
+//! with the same content (Secrets' data, the others' spec, by hash). Then the same command
+//! finishes the move, or `--abort` first puts every controller back (refusing, as it must, once
+//! clusterctl has begun deleting from the source; where it does not, what clusterctl copied to
+//! the target stays paused) and the same command then moves; after which the namespace is in
+//! the target alone, whole (the same objects and content, every owner reference resolving to
+//! an object of that cluster), nothing marked `delete-for-move`, every provider of both
+//! clusters leads again, and nothing of handoff is left.
 //!
 //! Each run takes a rotating subset: `HANDOFF_CRASH_CASES` cases (default 1, for CI's time) of the
 //! points × {re-run, abort}, the next ones for each commit and each day (`HANDOFF_CRASH_SEED`,
@@ -43,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use crate::support;
 use crate::support::apiserver::{eventually, skip, text};
-use crate::support::capi::{DELETE_FOR_MOVE, Mgmt, Rig};
+use crate::support::capi::{BLOCK_MOVE, DELETE_FOR_MOVE, Mgmt, Rig, WINDOW_HOLDER};
 use crate::support::crash_proxy::{Agent, CrashProxies, Trigger, Write};
 
 const NS: &str = "ns1";
@@ -155,7 +158,9 @@ fn readme_rows() -> Vec<(String, String)> {
         .collect()
 }
 
-/// The phase the target's MoveWindow records, or `none`.
+/// The phase the target's MoveWindow records, or `none` (no MoveWindow, or no phase in it).
+/// Any other failure to read it fails the test: `none` is a row of the table itself, so a read
+/// that failed for another reason would pass as one.
 fn phase(to: &Mgmt) -> String {
     let out = to.kubectl(&[
         "get",
@@ -164,16 +169,183 @@ fn phase(to: &Mgmt) -> String {
         "-o",
         "jsonpath={.status.move.phase}",
     ]);
-    let p = text(&out.stdout).trim().to_string();
-    match out.status.success() && !p.is_empty() {
-        true => p,
-        false => "none".into(),
+    phase_of(&out, to.name)
+}
+
+fn phase_of(out: &std::process::Output, cluster: &str) -> String {
+    if !out.status.success() {
+        let why = text(&out.stderr);
+        assert!(
+            why.contains("(NotFound)"),
+            "{cluster}: reading MoveWindow {WINDOW}'s phase: {why}"
+        );
+        return "none".into();
+    }
+    match text(&out.stdout).trim() {
+        "" => "none".into(),
+        p => p.to_string(),
     }
 }
 
-/// The objects of the move as (kind, name) → their owners (kind, name); every owner reference
-/// must resolve by UID to an object of the same cluster.
-fn graph(m: &Mgmt) -> BTreeMap<(String, String), BTreeSet<(String, String)>> {
+fn kubectl_output(code: i32, stdout: &str, stderr: &str) -> std::process::Output {
+    use std::os::unix::process::ExitStatusExt as _;
+    std::process::Output {
+        status: std::process::ExitStatus::from_raw(code << 8),
+        stdout: stdout.into(),
+        stderr: stderr.into(),
+    }
+}
+
+#[test]
+fn phase_is_none_only_where_the_window_or_its_phase_is_missing() {
+    assert_eq!(
+        phase_of(&kubectl_output(0, "Copying", ""), "dst"),
+        "Copying"
+    );
+    assert_eq!(phase_of(&kubectl_output(0, "", ""), "dst"), "none");
+    let missing = "Error from server (NotFound): movewindows.handoff.dev \"move-ns1\" not found\n";
+    assert_eq!(phase_of(&kubectl_output(1, "", missing), "dst"), "none");
+}
+
+#[test]
+#[should_panic(
+    expected = "dst: reading MoveWindow move-ns1's phase: The connection to the server 127.0.0.1:6443 was refused"
+)]
+fn phase_of_an_unreadable_window_is_an_error() {
+    let refused = "The connection to the server 127.0.0.1:6443 was refused - did you specify the right host or port?\n";
+    phase_of(&kubectl_output(1, "", refused), "dst");
+}
+
+/// An object of the move: its owners (kind, name), and a hash of what a move must carry over
+/// unchanged (`content`).
+#[derive(Debug, Clone)]
+struct Object {
+    owners: BTreeSet<(String, String)>,
+    hash: String,
+    /// What was hashed, for the message when it differs.
+    content: serde_json::Value,
+}
+
+impl PartialEq for Object {
+    fn eq(&self, other: &Self) -> bool {
+        self.owners == other.owners && self.hash == other.hash
+    }
+}
+
+/// The objects of the move by (kind, name).
+type Graph = BTreeMap<(String, String), Object>;
+
+/// What a move must carry over unchanged: a Secret's or ConfigMap's data (a workload cluster's
+/// CA is there), the spec of the rest. Not compared: metadata (clusterctl drops uid,
+/// resourceVersion, and rewrites owner references and annotations; the owners are compared by
+/// kind and name instead), status (clusterctl does not move it: the target's controllers
+/// rebuild it), and a Cluster's `spec.paused`, which clusterctl sets in the source before the
+/// copy, copies, and clears in the target as its last step.
+fn content(o: &serde_json::Value) -> serde_json::Value {
+    match o["kind"].as_str().unwrap_or("") {
+        "Secret" => serde_json::json!({ "data": o["data"] }),
+        "ConfigMap" => serde_json::json!({ "data": o["data"], "binaryData": o["binaryData"] }),
+        kind => {
+            let mut spec = o["spec"].clone();
+            if kind == "Cluster"
+                && let Some(spec) = spec.as_object_mut()
+            {
+                spec.remove("paused");
+            }
+            spec
+        }
+    }
+}
+
+/// A hash of `v` that does not depend on the order of its keys.
+fn stable_hash(v: &serde_json::Value) -> String {
+    fn canonical(v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for k in keys {
+                    out.push_str(&serde_json::Value::from(k.as_str()).to_string());
+                    out.push(':');
+                    canonical(&m[k], out);
+                    out.push(',');
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(a) => {
+                out.push('[');
+                for x in a {
+                    canonical(x, out);
+                    out.push(',');
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    use sha2::Digest as _;
+    let mut s = String::new();
+    canonical(v, &mut s);
+    let digest = sha2::Sha256::digest(s.as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The top-level fields in which two contents differ, for a message.
+fn fields_differing(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
+    let empty = serde_json::Map::new();
+    let (ma, mb) = (
+        a.as_object().unwrap_or(&empty),
+        b.as_object().unwrap_or(&empty),
+    );
+    let keys: BTreeSet<&String> = ma.keys().chain(mb.keys()).collect();
+    keys.into_iter()
+        .filter(|k| ma.get(*k) != mb.get(*k))
+        .map(|k| {
+            let show = |v: Option<&serde_json::Value>| {
+                let s = v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+                match s.chars().count() > 120 {
+                    true => format!(
+                        "{}… ({} bytes)",
+                        s.chars().take(120).collect::<String>(),
+                        s.len()
+                    ),
+                    false => s,
+                }
+            };
+            format!("{k}: {} → {}", show(ma.get(k)), show(mb.get(k)))
+        })
+        .collect()
+}
+
+/// How `now` differs from `before`, one line each: an object missing or added, its owners or
+/// its content changed.
+fn differences(before: &Graph, now: &Graph) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, b) in before {
+        match now.get(k) {
+            None => out.push(format!("{k:?}: missing")),
+            Some(n) if n.owners != b.owners => {
+                out.push(format!("{k:?}: owners {:?} → {:?}", b.owners, n.owners))
+            }
+            Some(n) if n.hash != b.hash => out.push(format!(
+                "{k:?}: content {} → {}: {}",
+                b.hash,
+                n.hash,
+                fields_differing(&b.content, &n.content).join("; ")
+            )),
+            Some(_) => {}
+        }
+    }
+    for k in now.keys().filter(|k| !before.contains_key(*k)) {
+        out.push(format!("{k:?}: not there before"));
+    }
+    out
+}
+
+/// The objects of the move; every owner reference must resolve by UID to an object of the
+/// same cluster.
+fn graph(m: &Mgmt) -> Graph {
     let objects = m.move_objects(NS);
     let by_uid: BTreeMap<&str, (String, String)> = objects
         .iter()
@@ -212,7 +384,16 @@ fn graph(m: &Mgmt) -> BTreeMap<(String, String), BTreeSet<(String, String)>> {
             );
             owners.insert(owner);
         }
-        out.insert(key, owners);
+        let content = content(o);
+        let hash = stable_hash(&content);
+        out.insert(
+            key,
+            Object {
+                owners,
+                hash,
+                content,
+            },
+        );
     }
     out
 }
@@ -233,6 +414,66 @@ fn paused_clusters(m: &Mgmt) -> Vec<String> {
         .filter(|c| c["spec"]["paused"] == true)
         .map(|c| c["metadata"]["name"].as_str().unwrap_or("").to_string())
         .collect()
+}
+
+/// After an accepted `--abort`: every copy clusterctl made in the target is paused or gone.
+/// clusterctl creates a Cluster paused, as it was in the source, and unpauses it only as its
+/// last step; the rest of a workload cluster's objects are reconciled only while their Cluster
+/// is not paused (or they carry `cluster.x-k8s.io/paused`). A copy running in the target would
+/// reconcile the same workload cluster as the source. Returns how many copies there are.
+fn target_copies_held(to: &Mgmt, what: &str) -> usize {
+    const PAUSED: &str = "cluster.x-k8s.io/paused";
+    let objects = to.move_objects(NS);
+    let name = |o: &serde_json::Value| o["metadata"]["name"].as_str().unwrap_or("").to_string();
+    let kind = |o: &serde_json::Value| o["kind"].as_str().unwrap_or("").to_string();
+    let annotated = |o: &serde_json::Value| o["metadata"]["annotations"].get(PAUSED).is_some();
+    let paused: BTreeSet<String> = objects
+        .iter()
+        .filter(|o| kind(o) == "Cluster" && (o["spec"]["paused"] == true || annotated(o)))
+        .map(name)
+        .collect();
+    let by_uid: BTreeMap<&str, &serde_json::Value> = objects
+        .iter()
+        .map(|o| (o["metadata"]["uid"].as_str().unwrap_or(""), o))
+        .collect();
+    // Held: paused itself, or its Cluster (by the cluster-name label, or up its owners) is.
+    fn held(
+        o: &serde_json::Value,
+        paused: &BTreeSet<String>,
+        by_uid: &BTreeMap<&str, &serde_json::Value>,
+        depth: usize,
+    ) -> bool {
+        let own = |o: &serde_json::Value| {
+            o["metadata"]["annotations"].get(PAUSED).is_some()
+                || (o["kind"] == "Cluster"
+                    && o["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| paused.contains(n)))
+                || o["metadata"]["labels"]["cluster.x-k8s.io/cluster-name"]
+                    .as_str()
+                    .is_some_and(|n| paused.contains(n))
+        };
+        own(o)
+            || (depth < 8
+                && o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| by_uid.get(r["uid"].as_str().unwrap_or("")))
+                    .any(|owner| held(owner, paused, by_uid, depth + 1)))
+    }
+    let running: Vec<String> = objects
+        .iter()
+        .filter(|o| !matches!(kind(o).as_str(), "Secret" | "ConfigMap"))
+        .filter(|o| !held(o, &paused, &by_uid, 0))
+        .map(|o| format!("{} {}", kind(o), name(o)))
+        .collect();
+    assert!(
+        running.is_empty(),
+        "{what}: copies in {} that would reconcile: {running:?} (paused Clusters there: {paused:?})",
+        to.name
+    );
+    objects.len()
 }
 
 struct Run {
@@ -263,15 +504,39 @@ fn run_move(
     // before handoff has read both clusters.
     proxies.arm(None, 0);
     let child = cmd.spawn().expect("handoff move");
-    proxies.arm(trigger, child.id() as i32);
+    proxies.arm(trigger.clone(), child.id() as i32);
     let out = child.wait_with_output().expect("handoff move");
     let log = text(&out.stdout) + &text(&out.stderr);
+    proxies.disarm();
     let killed = proxies.fired();
-    proxies.arm(None, 0);
     eventually(
         "clusterctl gone with handoff (PDEATHSIG)",
         Duration::from_secs(30),
         || (!clusterctl_running(rig)).then_some(()),
+    );
+    // Nobody writes through the proxies once handoff is dead but what clusterctl had under way
+    // when it died with handoff (PDEATHSIG), a moment after the kill. A write a second later
+    // is a clusterctl that outlived handoff and went on copying: the case would then pass as
+    // "all in the target" with the copy done unsupervised.
+    let late = proxies.late_writes();
+    let unsupervised: Vec<String> = late
+        .iter()
+        .filter(|w| w.after > Duration::from_secs(1))
+        .map(|w| {
+            format!(
+                "{:.3}s after: {:?} ({}) {}",
+                w.after.as_secs_f64(),
+                w.agent,
+                w.user_agent,
+                w.label
+            )
+        })
+        .collect();
+    assert!(
+        unsupervised.is_empty(),
+        "writes more than 1s after handoff was killed at {:?} (clusterctl should have died with it):\n{}\nhandoff's output:\n{log}",
+        trigger.as_ref().map(|t| &t.label),
+        unsupervised.join("\n")
     );
     Run {
         ok: out.status.success(),
@@ -297,13 +562,14 @@ fn clusterctl_running(rig: &Rig) -> bool {
 
 /// The namespace moved to `to` whole and gone from `from`; both clusters' controllers lead;
 /// nothing of handoff left.
-fn moved(
-    from: &Mgmt,
-    to: &Mgmt,
-    before: &BTreeMap<(String, String), BTreeSet<(String, String)>>,
-    what: &str,
-) {
-    assert_eq!(&graph(to), before, "{what}: the namespace in {}", to.name);
+fn moved(from: &Mgmt, to: &Mgmt, before: &Graph, what: &str) {
+    let differ = differences(before, &graph(to));
+    assert!(
+        differ.is_empty(),
+        "{what}: the namespace in {} is not what was moved:\n{}",
+        to.name,
+        differ.join("\n")
+    );
     assert!(
         graph(from).is_empty(),
         "{what}: left in {}: {:?}",
@@ -334,31 +600,119 @@ fn restored(m: &Mgmt, what: &str) {
     m.nothing_of_handoff_left(NS);
 }
 
-/// Right after a kill: the namespace whole in one cluster, or clusterctl's state of a move it
-/// did not finish (copies in the target, the source's Clusters paused).
-fn after_kill(
-    from: &Mgmt,
-    to: &Mgmt,
-    before: &BTreeMap<(String, String), BTreeSet<(String, String)>>,
-    what: &str,
-) -> &'static str {
+/// Right after a kill: the clusters are what the row of `recorded` says ("If a move stops"),
+/// and nothing is lost: every object that was there before is in the source or the target (or
+/// both, as clusterctl left a copy it did not finish), with its content unchanged.
+fn after_kill(from: &Mgmt, to: &Mgmt, before: &Graph, recorded: &str, what: &str) -> &'static str {
     let (s, t) = (graph(from), graph(to));
-    if &s == before && t.is_empty() {
-        return "all in the source";
-    }
-    if &t == before && s.is_empty() {
-        return "all in the target";
+    let added: Vec<String> = s
+        .keys()
+        .map(|k| (from.name, k))
+        .chain(t.keys().map(|k| (to.name, k)))
+        .filter(|(_, k)| !before.contains_key(*k))
+        .map(|(m, k)| format!("{m}: {k:?}"))
+        .collect();
+    assert!(
+        added.is_empty(),
+        "{what}: objects that were not there before: {added:?}"
+    );
+    let mut lost = Vec::new();
+    for (k, b) in before {
+        if !s.contains_key(k) && !t.contains_key(k) {
+            lost.push(format!("{k:?}: in neither cluster"));
+        }
+        for (m, now) in [(from.name, s.get(k)), (to.name, t.get(k))] {
+            if let Some(now) = now.filter(|now| now.hash != b.hash) {
+                lost.push(format!(
+                    "{k:?} in {m}: content {} before, {} now: {}",
+                    b.hash,
+                    now.hash,
+                    fields_differing(&b.content, &now.content).join("; ")
+                ));
+            }
+        }
     }
     assert!(
-        t.keys().all(|k| before.contains_key(k)) && s.keys().all(|k| before.contains_key(k)),
-        "{what}: objects that were not there: source {s:?}, target {t:?}"
+        lost.is_empty(),
+        "{what} (phase {recorded}): the source and the target together no longer hold what was there:\n{}",
+        lost.join("\n")
     );
-    assert!(
-        !paused_clusters(from).is_empty() || s.is_empty(),
-        "{what}: copies in the target but the source's Clusters run: {:?}",
-        t.keys()
-    );
-    "partly copied (clusterctl's unfinished move)"
+    let ours = format!("{WINDOW_HOLDER}{WINDOW}");
+    let clusters = |m: &Mgmt| -> Vec<(String, bool, Option<String>)> {
+        m.get(&["-n", NS, "clusters.cluster.x-k8s.io"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    c["spec"]["paused"] == true,
+                    c["metadata"]["annotations"][BLOCK_MOVE]
+                        .as_str()
+                        .map(str::to_string),
+                )
+            })
+            .collect()
+    };
+    let source_clusters = clusters(from);
+    match recorded {
+        "none" | "Stopping target" | "Moving" | "Stopping source" => {
+            // clusterctl creates nothing in the target before handoff's block-move is lifted,
+            // which is after both clusters were proven stopped and `Copying` recorded.
+            assert!(
+                t.is_empty(),
+                "{what}: phase {recorded} is \"nothing copied\", but the target holds {:?}: clusterctl copied before both clusters were proven stopped",
+                t.keys().collect::<Vec<_>>()
+            );
+            match recorded {
+                "none" | "Stopping target" => assert!(
+                    source_clusters
+                        .iter()
+                        .all(|(_, paused, bm)| !paused && bm.is_none()),
+                    "{what}: phase {recorded} is \"the source runs\" (clusterctl not started, no block-move yet), but the source's Clusters (name, paused, block-move): {source_clusters:?}"
+                ),
+                // Recorded before handoff puts its block-move on: where clusterctl has run
+                // (paused a Cluster), the block-move holds it.
+                "Moving" => assert!(
+                    source_clusters
+                        .iter()
+                        .all(|(_, paused, bm)| !paused || bm.as_deref() == Some(&ours)),
+                    "{what}: phase {recorded}: a source Cluster paused by clusterctl without handoff's block-move ({ours}) holding it (name, paused, block-move): {source_clusters:?}"
+                ),
+                _ => assert!(
+                    !source_clusters.is_empty()
+                        && source_clusters
+                            .iter()
+                            .all(|(_, _, bm)| bm.as_deref() == Some(&ours)),
+                    "{what}: phase {recorded} is \"the block-move holds clusterctl\", but the source's Clusters (name, paused, block-move): {source_clusters:?}"
+                ),
+            }
+        }
+        "Copying" => {
+            assert!(
+                source_clusters.iter().all(|(_, paused, _)| *paused),
+                "{what}: phase Copying with the source's Clusters running (name, paused, block-move): {source_clusters:?}"
+            );
+            for m in [from, to] {
+                assert!(
+                    m.window_holds_every_provider_lease(),
+                    "{what}: phase Copying is \"both clusters' controllers stopped\", but a provider Lease of {} is not the window's",
+                    m.name
+                );
+            }
+        }
+        "Restoring" => assert!(
+            s.is_empty() && t.len() == before.len(),
+            "{what}: phase Restoring is \"the namespace is in the target\", but the source holds {:?}",
+            s.keys().collect::<Vec<_>>()
+        ),
+        other => panic!("{what}: phase {other}: no row of the table says what the clusters hold"),
+    }
+    match (s.is_empty(), t.is_empty()) {
+        (false, true) => "all in the source",
+        (true, false) => "all in the target",
+        _ => "partly copied (clusterctl's unfinished move)",
+    }
 }
 
 /// `handoff window ARGS --kubeconfig` of `m`: whether it succeeded, and what it said.
@@ -474,12 +828,7 @@ fn pods_lost_and_added_in_a_window(m: &Mgmt, probes: Vec<serde_json::Value>) {
 /// command. Meanwhile every provider Lease of both clusters stays the window's (sampled every
 /// 300 ms wherever its API server answers, until the restore begins) and no manager acquires
 /// its Lease.
-fn apiservers_restarted_mid_copy(
-    rig: &Rig,
-    from: &Mgmt,
-    to: &Mgmt,
-    before: &BTreeMap<(String, String), BTreeSet<(String, String)>>,
-) {
+fn apiservers_restarted_mid_copy(rig: &Rig, from: &Mgmt, to: &Mgmt, before: &Graph) {
     let what = format!(
         "{} → {} with both kube-apiservers restarted mid-copy",
         from.name, to.name
@@ -674,16 +1023,7 @@ fn handoff_down_in_a_window(m: &mut Mgmt) {
 /// day (`HANDOFF_CRASH_SEED`, by default the clone's number of commits plus the day's number).
 fn choose(n: usize) -> Vec<usize> {
     if let Ok(only) = std::env::var("HANDOFF_CRASH_ONLY") {
-        return only
-            .split(',')
-            .filter(|i| !i.trim().is_empty())
-            .map(|i| {
-                i.trim()
-                    .parse()
-                    .expect("HANDOFF_CRASH_ONLY: case numbers, comma-separated")
-            })
-            .filter(|i| *i < n)
-            .collect();
+        return only_cases(&only, n);
     }
     let cases = std::env::var("HANDOFF_CRASH_CASES").unwrap_or_default();
     if cases == "all" {
@@ -714,6 +1054,40 @@ fn choose(n: usize) -> Vec<usize> {
             .join(",")
     );
     chosen
+}
+
+/// The cases `HANDOFF_CRASH_ONLY` names, of `n`. A number the points of this run do not reach
+/// names no case: running fewer than asked would pass as if they had run.
+fn only_cases(only: &str, n: usize) -> Vec<usize> {
+    let chosen: Vec<usize> = only
+        .split(',')
+        .filter(|i| !i.trim().is_empty())
+        .map(|i| {
+            i.trim()
+                .parse()
+                .expect("HANDOFF_CRASH_ONLY: case numbers, comma-separated")
+        })
+        .collect();
+    let out: Vec<usize> = chosen.iter().copied().filter(|i| *i >= n).collect();
+    assert!(
+        out.is_empty(),
+        "HANDOFF_CRASH_ONLY={only}: {out:?} out of range: this run has {n} cases, 0 to {} (its crash points × re-run, abort)",
+        n.saturating_sub(1)
+    );
+    chosen
+}
+
+#[test]
+fn crash_only_names_cases_in_range() {
+    assert_eq!(only_cases("4, 17,", 246), vec![4, 17]);
+}
+
+#[test]
+#[should_panic(
+    expected = "HANDOFF_CRASH_ONLY=4,246: [246] out of range: this run has 246 cases, 0 to 245"
+)]
+fn crash_only_out_of_range_is_an_error() {
+    only_cases("4,246", 246);
 }
 
 #[test]
@@ -814,25 +1188,29 @@ fn handoff_move_killed_at_each_crash_point_is_finished_or_undone() {
             killed.log
         );
         let recorded = phase(to);
-        let deletes_begun = graph(from).len() < before.len() || !marked_for_delete(from).is_empty();
-        let state = after_kill(from, to, &before, &what);
-        eprintln!(
-            "{what}: killed after {:.1}s; recorded phase {recorded}; {state}",
-            t.elapsed().as_secs_f64()
-        );
         let row = rows.iter().find(|(phase, _)| *phase == recorded);
         assert!(
             row.is_some(),
             "{what}: phase {recorded} is no row of the table in docs/src/tasks/move.md {rows:?}\n{}",
             killed.log
         );
+        let deletes_begun = graph(from).len() < before.len() || !marked_for_delete(from).is_empty();
+        let state = after_kill(from, to, &before, &recorded, &what);
+        eprintln!(
+            "{what}: killed after {:.1}s; recorded phase {recorded}; {state}",
+            t.elapsed().as_secs_f64()
+        );
         phases_seen.insert(recorded.clone());
         if then == Then::Abort {
             let aborted = run_move(&rig, &proxies, here, &["--abort"], None);
             if aborted.ok {
+                let copies = target_copies_held(to, &format!("{what}, after --abort"));
                 for m in [from, to] {
                     restored(m, &format!("{what}, after --abort"));
                 }
+                // Checked again with every controller back: a paused copy stays paused.
+                target_copies_held(to, &format!("{what}, after --abort, restored"));
+                eprintln!("{what}: after --abort, {copies} copies in the target, all paused");
                 // As --abort says: what clusterctl paused stays paused for the user to decide;
                 // unpausing the source's lets it reconcile them again (and lets the move run).
                 for name in paused_clusters(from) {

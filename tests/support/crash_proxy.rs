@@ -11,12 +11,17 @@
 //! clusterctl was at it (forwarded: clusterctl dies by its PDEATHSIG a moment later, as it
 //! would).
 //!
+//! Writes that arrive once the trigger has fired are kept apart (`late_writes`), with their time
+//! since the kill: handoff is dead then, and clusterctl dies with it, so a write of clusterctl's
+//! arriving well after the kill means a clusterctl copying with nobody supervising it.
+//!
 //! Everything else is the real server's; requests reach it as the admin.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt as _;
 
@@ -38,6 +43,17 @@ pub struct Write {
     pub label: String,
 }
 
+/// A write that arrived after the trigger had fired.
+#[derive(Debug, Clone)]
+pub struct LateWrite {
+    pub agent: Agent,
+    /// As sent, for the message (`-` where none was).
+    pub user_agent: String,
+    pub label: String,
+    /// From the kill to the write's arrival at the proxy.
+    pub after: Duration,
+}
+
 /// Where to kill handoff: at the `nth` (from 1) write of `agent` labelled `label`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trigger {
@@ -52,6 +68,8 @@ struct Shared {
     trigger: Mutex<Option<(Trigger, usize)>>,
     victim: AtomicI32,
     fired: AtomicBool,
+    killed_at: Mutex<Option<Instant>>,
+    late: Mutex<Vec<LateWrite>>,
     /// Which cluster is which in the move running now: proxy index → role.
     roles: Mutex<[&'static str; 2]>,
 }
@@ -127,12 +145,25 @@ impl CrashProxies {
     pub fn arm(&self, trigger: Option<Trigger>, pid: i32) {
         self.shared.victim.store(pid, Ordering::SeqCst);
         self.shared.fired.store(false, Ordering::SeqCst);
+        *self.shared.killed_at.lock().unwrap() = None;
+        self.shared.late.lock().unwrap().clear();
         *self.shared.trigger.lock().unwrap() = trigger.map(|t| (t, 0));
+    }
+
+    /// Kill nobody from now on; what the last trigger did (`fired`, `late_writes`) stays.
+    pub fn disarm(&self) {
+        self.shared.victim.store(0, Ordering::SeqCst);
+        *self.shared.trigger.lock().unwrap() = None;
     }
 
     /// Whether the armed trigger killed its pid.
     pub fn fired(&self) -> bool {
         self.shared.fired.load(Ordering::SeqCst)
+    }
+
+    /// The writes that arrived after the armed trigger fired, in order of arrival.
+    pub fn late_writes(&self) -> Vec<LateWrite> {
+        self.shared.late.lock().unwrap().clone()
     }
 
     /// Every write so far, and a fresh log.
@@ -187,11 +218,14 @@ async fn handle(
     let resource = resource_of(&target);
     // Reviews and dry runs change nothing: no crash point.
     let write = write && !resource.ends_with("reviews") && !target.contains("dryRun=");
-    let agent = match req
+    let arrived = Instant::now();
+    // clusterctl's client-go sends `clusterctl/<version> …`; kube-rs, handoff's client, sends
+    // no User-Agent.
+    let user_agent = req
         .headers()
         .get(http::header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-    {
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let agent = match &user_agent {
         Some(ua) if ua.starts_with("clusterctl") => Agent::Clusterctl,
         _ => Agent::Handoff,
     };
@@ -200,7 +234,27 @@ async fn handle(
         Ok(b) => b.to_bytes(),
         Err(e) => return status(503, "ServiceUnavailable", &e.to_string()),
     };
-    if write && !shared.fired.load(Ordering::SeqCst) {
+    if write && shared.fired.load(Ordering::SeqCst) {
+        let role = shared.roles.lock().unwrap()[index];
+        let killed_at = shared.killed_at.lock().unwrap().unwrap_or(arrived);
+        let late = LateWrite {
+            agent,
+            user_agent: user_agent.clone().unwrap_or_else(|| "-".into()),
+            label: format!(
+                "{method} {} in {role}",
+                target.split('?').next().unwrap_or(&target)
+            ),
+            after: arrived.saturating_duration_since(killed_at),
+        };
+        eprintln!(
+            "crash proxy: a write {:.3}s after the kill: {:?} ({}) {}",
+            late.after.as_secs_f64(),
+            late.agent,
+            late.user_agent,
+            late.label
+        );
+        shared.late.lock().unwrap().push(late);
+    } else if write {
         let role = shared.roles.lock().unwrap()[index];
         let what = match agent {
             Agent::Handoff => what_of(&resource, &target, &body),
@@ -224,6 +278,7 @@ async fn handle(
         shared.log.lock().unwrap().push(w);
         let pid = shared.victim.load(Ordering::SeqCst);
         if hit && pid > 0 {
+            *shared.killed_at.lock().unwrap() = Some(Instant::now());
             // SAFETY: kill(2) of the test's own child, by pid.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
