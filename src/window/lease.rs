@@ -60,6 +60,25 @@ pub async fn whoami(c: &Cluster) -> Result<String> {
         })
 }
 
+/// How long a Lease write that keeps losing to its leader's renewals (409) is tried again. A
+/// conflict means the leader renewed between the read and the write: it is alive, and renews
+/// every retry period (2 s for Cluster API's managers), so the write wins as soon as a read and
+/// a write fit between two renewals. A count of tries can lose that race on a busy API server
+/// (five in a row were lost at a load of 60); a minute of tries does not.
+struct ConflictBudget(std::time::Instant);
+
+impl ConflictBudget {
+    const FOR: Duration = Duration::from_secs(60);
+
+    fn new() -> Self {
+        ConflictBudget(std::time::Instant::now() + Self::FOR)
+    }
+
+    fn left(&self) -> bool {
+        std::time::Instant::now() < self.0
+    }
+}
+
 /// Take one Lease for `window`; returns what the window records of it. A write that loses to
 /// a candidate acquiring at the same moment (409) reads again and takes it from the new
 /// holder.
@@ -72,7 +91,8 @@ pub async fn take(
     out: &mut dyn Write,
 ) -> Result<HeldLease> {
     let api = Api::<Lease>::namespaced(c.client.clone(), ns);
-    for _attempt in 0..5 {
+    let conflicts = ConflictBudget::new();
+    loop {
         let Some(l) = read(c, ns, name).await? else {
             return Err(WindowError::Refused {
                 cluster: c.label.clone(),
@@ -130,7 +150,8 @@ pub async fn take(
                         ..HeldLease::default()
                     });
                 }
-                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(kube::Error::Api(e)) if e.code == 409 && conflicts.left() => continue,
+                Err(kube::Error::Api(e)) if e.code == 409 => break,
                 Err(e) => return Err(api_err(c, format!("taking Lease {ns}/{name}"))(e)),
             },
         }
@@ -156,7 +177,8 @@ pub enum Released {
 /// Release one Lease if `window` holds it (by its holder identity, not its label).
 pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<Released> {
     let api = Api::<Lease>::namespaced(c.client.clone(), ns);
-    for _attempt in 0..5 {
+    let conflicts = ConflictBudget::new();
+    loop {
         let Some(l) = read(c, ns, name).await? else {
             return Ok(Released::AlreadyFree);
         };
@@ -177,7 +199,8 @@ pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<
             .await
         {
             Ok(_) => return Ok(done),
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(kube::Error::Api(e)) if e.code == 409 && conflicts.left() => continue,
+            Err(kube::Error::Api(e)) if e.code == 409 => break,
             Err(e) => return Err(api_err(c, format!("releasing Lease {ns}/{name}"))(e)),
         }
     }

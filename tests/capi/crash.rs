@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use crate::support;
 use crate::support::apiserver::{eventually, skip, text};
-use crate::support::capi::{BLOCK_MOVE, DELETE_FOR_MOVE, Mgmt, Rig, WINDOW_HOLDER};
+use crate::support::capi::{BLOCK_MOVE, DELETE_FOR_MOVE, Mgmt, MovedObjects, Rig, WINDOW_HOLDER};
 use crate::support::crash_proxy::{Agent, CrashProxies, Trigger, Write};
 
 const NS: &str = "ns1";
@@ -799,11 +799,14 @@ fn pods_lost_and_added_in_a_window(m: &Mgmt, probes: Vec<serde_json::Value>) {
         ran >= 10 && failed.is_empty(),
         "{ran} probes, failed: {failed:#?}"
     );
-    for (pod, line, t) in m.lease_acquisitions() {
+    // Each provider's log read (`lease_acquisitions` fails where one shows no acquisition).
+    for a in m.lease_acquisitions() {
         assert!(
-            t < opened,
-            "{}: {pod} acquired its Lease in the window: {line}",
-            m.name
+            a.at < opened,
+            "{}: {} acquired its Lease in the window: {}",
+            m.name,
+            a.pod,
+            a.line
         );
     }
     let closed = handoff(&["close", window]);
@@ -823,11 +826,84 @@ fn pods_lost_and_added_in_a_window(m: &Mgmt, probes: Vec<serde_json::Value>) {
     );
 }
 
+/// One cluster's provider Leases as read again and again (each a fresh list from its API
+/// server), from during the copy until a read finds one that is not the window's: the restore
+/// has begun (or a Lease was lost, which the caller tells apart by when). Reads the API server
+/// does not answer, while it restarts, are skipped.
+struct LeaseReads {
+    /// When each read began and ended in which every provider Lease was the window's.
+    held: Vec<(f64, f64)>,
+    /// The first read in which one was not: when it began and ended, and the holders.
+    released: Option<(f64, f64, Vec<String>)>,
+}
+
+/// `LeaseReads` of `m` on a thread; once `stop` is set it gives up a minute later (the move
+/// has finished by then, so the window has released the Leases).
+fn read_leases(
+    m: &Mgmt,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<LeaseReads> {
+    let kubeconfig = m.kubeconfig.clone();
+    std::thread::spawn(move || {
+        let mut reads = LeaseReads {
+            held: Vec::new(),
+            released: None,
+        };
+        let mut give_up = f64::INFINITY;
+        while support::capi::wall() < give_up {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) && give_up.is_infinite() {
+                give_up = support::capi::wall() + 60.0;
+            }
+            let began = support::capi::wall();
+            let out = support::capi::kubectl(
+                &kubeconfig,
+                &["get", "leases", "-A", "-o", "json", "--request-timeout=2s"],
+                None,
+            );
+            let ended = support::capi::wall();
+            // A failed get still prints an empty List: only what the server answered.
+            let answered = out
+                .status
+                .success()
+                .then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).ok())
+                .flatten();
+            if let Some(v) = answered {
+                let not_held: Vec<String> = support::capi::PROVIDERS
+                    .iter()
+                    .filter_map(|(ns, _, lease)| {
+                        let holder = v["items"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .find(|l| {
+                                l["metadata"]["namespace"] == *ns && l["metadata"]["name"] == *lease
+                            })
+                            .and_then(|l| l["spec"]["holderIdentity"].as_str())
+                            .unwrap_or("");
+                        (!holder.starts_with(support::capi::WINDOW_HOLDER))
+                            .then(|| format!("{ns}/{lease}: {holder:?}"))
+                    })
+                    .collect();
+                if !not_held.is_empty() {
+                    reads.released = Some((began, ended, not_held));
+                    break;
+                }
+                reads.held.push((began, ended));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        reads
+    })
+}
+
 /// The target's kube-apiserver restarted while clusterctl creates there, then the source's:
 /// clusterctl's own retries decide the copy, and the move finishes by itself or by the same
-/// command. Meanwhile every provider Lease of both clusters stays the window's (sampled every
-/// 300 ms wherever its API server answers, until the restore begins) and no manager acquires
-/// its Lease.
+/// command. The copy is read from the clusters (every moved kind watched in both: the first
+/// create in the target to the last delete in the source), and each restart must overlap it.
+/// Every provider Lease of each cluster is read again and again until the window releases
+/// them (the restore), with reads of each cluster after its own restart: none is anyone
+/// else's before the copy ended, and no manager's log says it acquired its Lease during the
+/// copy or while the reads found it the window's.
 fn apiservers_restarted_mid_copy(rig: &Rig, from: &Mgmt, to: &Mgmt, before: &Graph) {
     let what = format!(
         "{} → {} with both kube-apiservers restarted mid-copy",
@@ -841,84 +917,33 @@ fn apiservers_restarted_mid_copy(rig: &Rig, from: &Mgmt, to: &Mgmt, before: &Gra
     for m in [from, to] {
         m.ok(&["delete", "movewindows", "--all"]);
     }
+    let (source_objects, target_objects) =
+        (MovedObjects::start(from, NS), MovedObjects::start(to, NS));
+    eventually(
+        &format!("{what}: every moved kind's watch listed, in both clusters"),
+        Duration::from_secs(300),
+        || (source_objects.listed() && target_objects.listed()).then_some(()),
+    );
+    let started = support::capi::wall();
     let child = command().spawn().expect("handoff move");
-    let copying = eventually(
+    let (copying, first) = eventually(
         &format!("{what}: clusterctl's first create in the target"),
         Duration::from_secs(180),
-        || {
-            let out = to.kubectl(&["-n", NS, "get", "clusters.cluster.x-k8s.io", "-o", "name"]);
-            (out.status.success() && !text(&out.stdout).trim().is_empty()).then(support::capi::wall)
-        },
+        || target_objects.first_created(started),
     );
-    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let sampler = {
-        let (flag, kubeconfigs) = (
-            sampling.clone(),
-            [
-                (from.name, from.kubeconfig.clone()),
-                (to.name, to.kubeconfig.clone()),
-            ],
-        );
-        std::thread::spawn(move || {
-            let mut not_held = Vec::new();
-            let mut samples = 0;
-            while flag.load(std::sync::atomic::Ordering::Relaxed) {
-                // Until the restore begins: then the Leases are released, as they must be.
-                let phase = support::capi::kubectl(
-                    &kubeconfigs[1].1,
-                    &[
-                        "get",
-                        "movewindow",
-                        WINDOW,
-                        "-o",
-                        "jsonpath={.status.move.phase}",
-                        "--request-timeout=2s",
-                    ],
-                    None,
-                );
-                if matches!(text(&phase.stdout).trim(), "Restoring" | "Done") {
-                    break;
-                }
-                for (name, kc) in &kubeconfigs {
-                    let out = support::capi::kubectl(
-                        kc,
-                        &["get", "leases", "-A", "-o", "json", "--request-timeout=2s"],
-                        None,
-                    );
-                    // A failed get still prints an empty List: only what the server answered.
-                    if !out.status.success() {
-                        continue;
-                    }
-                    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-                        continue;
-                    };
-                    samples += 1;
-                    for (ns, _, lease) in support::capi::PROVIDERS {
-                        let holder = v["items"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .find(|l| {
-                                l["metadata"]["namespace"] == ns && l["metadata"]["name"] == lease
-                            })
-                            .and_then(|l| l["spec"]["holderIdentity"].as_str())
-                            .unwrap_or("")
-                            .to_string();
-                        if !holder.starts_with(support::capi::WINDOW_HOLDER) {
-                            not_held.push(format!("{name} {ns}/{lease}: {holder:?}"));
-                        }
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(300));
-            }
-            (samples, not_held)
-        })
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (source_reads, target_reads) = (
+        read_leases(from, stop.clone()),
+        read_leases(to, stop.clone()),
+    );
+    // (killed, ready again, how long it was gone)
+    let restart = |m: &Mgmt| {
+        let killed = support::capi::wall();
+        let gone = m.restart_apiserver(Duration::from_secs(1));
+        (killed, support::capi::wall(), gone)
     };
-    let target_down = to.restart_apiserver(Duration::from_secs(1));
-    let source_down = from.restart_apiserver(Duration::from_secs(1));
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let (samples, not_held) = sampler.join().expect("sampler");
-    let restarted = support::capi::wall();
+    let target_restart = restart(to);
+    let source_restart = restart(from);
     let out = child.wait_with_output().expect("handoff move");
     let mut log = text(&out.stdout) + &text(&out.stderr);
     let by_itself = out.status.success();
@@ -931,25 +956,94 @@ fn apiservers_restarted_mid_copy(rig: &Rig, from: &Mgmt, to: &Mgmt, before: &Gra
         );
         log += &again_log;
     }
-    assert!(samples >= 4, "{what}: {samples} samples of the Leases");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let source_reads = source_reads.join().expect("the source's Lease reads");
+    let target_reads = target_reads.join().expect("the target's Lease reads");
+    let copy = support::capi::copy_seen(&target_objects, &source_objects, started);
+    let ((first_create, _), (last_delete, last)) = (copy.first_create, copy.last_delete);
     assert!(
-        not_held.is_empty(),
-        "{what}: provider Leases not the window's while the API servers restarted: {not_held:?}\n{log}"
+        first_create <= copying,
+        "{what}: the first create at {first_create}, after {first} at {copying}"
     );
-    for m in [from, to] {
-        for (pod, line, t) in m.lease_acquisitions() {
+    let at = |t: f64| t - started;
+    for (m, (killed, ready, _), reads) in [
+        (to, target_restart, &target_reads),
+        (from, source_restart, &source_reads),
+    ] {
+        assert!(
+            killed < last_delete && ready > first_create,
+            "{what}: {}'s kube-apiserver was gone +{:.1}s .. +{:.1}s, not during the copy (+{:.1}s {first} .. +{:.1}s {last})",
+            m.name,
+            at(killed),
+            at(ready),
+            at(first_create),
+            at(last_delete)
+        );
+        let after_restart = reads
+            .held
+            .iter()
+            .filter(|(began, _)| *began > ready)
+            .count();
+        assert!(
+            after_restart >= 1,
+            "{what}: {}: no read found the Leases the window's after its kube-apiserver was ready again (+{:.1}s) and before a read found them released ({:?}); {} reads before",
+            m.name,
+            at(ready),
+            reads
+                .released
+                .as_ref()
+                .map(|(_, ended, holders)| (at(*ended), holders)),
+            reads.held.len()
+        );
+        let Some((_, released, holders)) = &reads.released else {
+            panic!(
+                "{what}: {}: no read found the provider Leases released ({} reads, all the window's)\n{log}",
+                m.name,
+                reads.held.len()
+            );
+        };
+        assert!(
+            *released > last_delete,
+            "{what}: {}: provider Leases not the window's at +{:.1}s, before the copy ended (+{:.1}s {last}): {holders:?}\n{log}",
+            m.name,
+            at(*released),
+            at(last_delete)
+        );
+        // The Leases were the window's until the copy ended and at every read that found them so.
+        let held_until = reads
+            .held
+            .last()
+            .map_or(last_delete, |(began, _)| began.max(last_delete));
+        for a in m.lease_acquisitions() {
             assert!(
-                !(t >= copying && t <= restarted),
-                "{what}: {}: {pod} acquired its Lease while the API servers restarted: {line}",
-                m.name
+                !(a.at >= first_create && a.at <= held_until),
+                "{what}: {}: {} acquired its Lease at +{:.1}s, in the copy or while the window held it (+{:.1}s .. +{:.1}s): {}",
+                m.name,
+                a.pod,
+                at(a.at),
+                at(first_create),
+                at(held_until),
+                a.line
             );
         }
     }
     moved(from, to, before, &what);
+    let reads_after =
+        |r: &LeaseReads, ready: f64| r.held.iter().filter(|(b, _)| *b > ready).count();
     eprintln!(
-        "{what}: the target's kube-apiserver gone {:.1}s, the source's {:.1}s; {samples} Lease samples all the window's; the move finished {}",
-        target_down.as_secs_f64(),
-        source_down.as_secs_f64(),
+        "{what}: the copy +{:.1}s .. +{:.1}s; the target's kube-apiserver gone +{:.1}s .. +{:.1}s ({:.1}s), the source's +{:.1}s .. +{:.1}s ({:.1}s); Lease reads all the window's until the restore: the target {} ({} after its restart), the source {} ({} after); the move finished {}",
+        at(first_create),
+        at(last_delete),
+        at(target_restart.0),
+        at(target_restart.1),
+        target_restart.2.as_secs_f64(),
+        at(source_restart.0),
+        at(source_restart.1),
+        source_restart.2.as_secs_f64(),
+        target_reads.held.len(),
+        reads_after(&target_reads, target_restart.1),
+        source_reads.held.len(),
+        reads_after(&source_reads, source_restart.1),
         if by_itself {
             "by itself"
         } else {
@@ -1001,11 +1095,13 @@ fn handoff_down_in_a_window(m: &mut Mgmt) {
         "{}: the Leases after the refused close",
         m.name
     );
-    for (pod, line, t) in m.lease_acquisitions() {
+    for a in m.lease_acquisitions() {
         assert!(
-            t < opened,
-            "{}: {pod} acquired its Lease while handoff was down: {line}",
-            m.name
+            a.at < opened,
+            "{}: {} acquired its Lease while handoff was down: {}",
+            m.name,
+            a.pod,
+            a.line
         );
     }
     m.register_handoff();

@@ -10,14 +10,16 @@
 //! comparison.
 //! Proven from the clusters themselves, not from handoff's output: every provider Lease of
 //! both clusters is held by the window from before clusterctl's first create in the target
-//! (the Cluster, created first) until after its last delete in the source (the Cluster,
-//! deleted last); no manager logs acquiring its Lease in between; every provider has a Ready
-//! pod at every moment of the move, and server-side dry-run creates through their fail-closed
-//! webhooks succeed throughout; no Deployment goes to 0 and each ends at its shipped count;
-//! each Lease is afterwards held by a pod of its own Deployment, the target's first; the moved
-//! Cluster is re-provisioned by the target's controllers; nothing of handoff is left. And a
-//! Lease taken back by its provider during the window (freed by hand) stops the first attempt
-//! before clusterctl copies, `status` shows it, and the same command then finishes the move.
+//! (of an object of any kind it moves, every kind watched) until after the last delete in the
+//! source of what the target received; no manager logs acquiring its Lease in between (and
+//! each provider's log shows it acquiring it, so that an unread log cannot pass); every
+//! provider has a Ready pod at every moment of the move, and server-side dry-run creates
+//! through their fail-closed webhooks succeed throughout; no Deployment goes to 0 and each
+//! ends at its shipped count; each Lease is afterwards held by a pod of its own Deployment,
+//! the target's first; the moved Cluster is re-provisioned by the target's controllers;
+//! nothing of handoff is left. And a Lease taken back by its provider during the window
+//! (freed by hand) stops the first attempt before clusterctl copies, `status` shows it, and
+//! the same command then finishes the move.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -25,8 +27,8 @@ use std::time::{Duration, Instant};
 use crate::support;
 use crate::support::apiserver::{eventually, skip, text};
 use crate::support::capi::{
-    Event, Mgmt, PROVIDERS, Prober, Rig, WINDOW_HOLDER, Watch, holders, probe_objects, ready_pods,
-    wall,
+    Mgmt, MovedObjects, PROVIDERS, Prober, Rig, WINDOW_HOLDER, Watch, copy_seen, holders,
+    probe_objects, ready_pods, wall,
 };
 
 /// What one cluster's watches saw.
@@ -34,17 +36,47 @@ struct Seen {
     leases: Watch,
     pods: Watch,
     deployments: Watch,
-    clusters: Watch,
+    /// Every kind clusterctl moves, in the namespace moved.
+    moved: MovedObjects,
 }
 
 impl Seen {
+    /// The watches, once each has listed what the checks read of it: every provider's Lease,
+    /// Pods and Deployment, and every moved kind.
     fn start(m: &Mgmt, ns: &str) -> Seen {
-        Seen {
+        let seen = Seen {
             leases: Watch::start(m, &["leases", "-A"]),
             pods: Watch::start(m, &["pods", "-A"]),
             deployments: Watch::start(m, &["deployments", "-A"]),
-            clusters: Watch::start(m, &["-n", ns, "clusters.cluster.x-k8s.io"]),
-        }
+            moved: MovedObjects::start(m, ns),
+        };
+        eventually(
+            &format!(
+                "{}: the watches listing every provider's Lease, Pods, Deployment and every moved kind",
+                m.name
+            ),
+            Duration::from_secs(300),
+            || {
+                let keys = |w: &Watch| -> std::collections::BTreeSet<String> {
+                    w.events().iter().map(|e| e.key()).collect()
+                };
+                let (leases, pods, deployments) = (
+                    keys(&seen.leases),
+                    keys(&seen.pods),
+                    keys(&seen.deployments),
+                );
+                PROVIDERS
+                    .iter()
+                    .all(|(ns, dep, lease)| {
+                        leases.contains(&format!("{ns}/{lease}"))
+                            && deployments.contains(&format!("{ns}/{dep}"))
+                            && pods.iter().any(|p| p.starts_with(&format!("{ns}/{dep}-")))
+                    })
+                    .then_some(())
+                    .filter(|_| seen.moved.listed())
+            },
+        );
+        seen
     }
 }
 
@@ -73,19 +105,31 @@ fn move_command(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) -> Command {
 /// operator could): handoff must find it before it lets clusterctl copy, stop clusterctl,
 /// copy nothing, and say the two ways on; `status` shows the Lease taken back.
 fn a_lease_taken_back_stops_the_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) {
-    let child = move_command(rig, from, to, ns)
+    let mut child = move_command(rig, from, to, ns)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("handoff move");
-    eventually(
-        "the window holding every provider Lease of both clusters",
-        Duration::from_secs(120),
+    // As long as the move runs: on a busy machine its standbys and Lease bounds take minutes.
+    let holding = eventually(
+        "the window holding every provider Lease of both clusters, or handoff move ending",
+        Duration::from_secs(900),
         || {
+            if child.try_wait().expect("handoff move").is_some() {
+                return Some(false);
+            }
             (from.window_holds_every_provider_lease() && to.window_holds_every_provider_lease())
-                .then_some(())
+                .then_some(true)
         },
     );
+    if !holding {
+        let out = child.wait_with_output().expect("handoff move");
+        panic!(
+            "handoff move ended before its window held every provider Lease:\n{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
     let freed = to.patch_lease(
         "capd-system",
         "controller-leader-election-capd",
@@ -94,7 +138,7 @@ fn a_lease_taken_back_stops_the_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str
     assert!(freed.status.success(), "{}", text(&freed.stderr));
     let taker = eventually(
         "a CAPD pod taking its Lease back",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || {
             to.get(&[
                 "-n",
@@ -185,14 +229,6 @@ fn window_hold(m: &Mgmt, seen: &Seen, at: f64) -> Vec<(String, f64, f64)> {
         .collect()
 }
 
-/// When `ns/name` got an event of `kind` in `[from, to]`.
-fn cluster_event(events: &[Event], kind: &str, from: f64, to: f64) -> Option<f64> {
-    events
-        .iter()
-        .find(|e| e.kind == kind && e.at >= from && e.at <= to)
-        .map(|e| e.at)
-}
-
 /// Every check of one move from `from` to `to`, from the clusters' own records.
 #[allow(clippy::too_many_arguments)]
 fn check_move(
@@ -205,17 +241,18 @@ fn check_move(
 ) -> Moved {
     let (src, src_seen) = from;
     let (dst, dst_seen) = to;
-    // The copy, as the clusters saw it: the Cluster is created first in the target and deleted
-    // last from the source (clusterctl's move sequence: owners first, deletes in reverse).
-    let first_create = cluster_event(&dst_seen.clusters.events(), "ADDED", started, ended)
-        .unwrap_or_else(|| panic!("no Cluster created in {} during the move:\n{log}", dst.name));
-    let last_delete = eventually(
-        "the source's Cluster deleted, as its watch saw it",
-        Duration::from_secs(30),
-        || cluster_event(&src_seen.clusters.events(), "DELETED", started, wall()),
+    // The copy, as the clusters saw it: from the first object of any moved kind created in
+    // the target to the last of them deleted from the source.
+    let copy = copy_seen(&dst_seen.moved, &src_seen.moved, started);
+    let ((first_create, first), (last_delete, last)) = (copy.first_create, copy.last_delete);
+    assert!(
+        first_create <= ended,
+        "{}: nothing created during the move (first: {first} at +{:.1}s):\n{log}",
+        dst.name,
+        first_create - started
     );
     eprintln!(
-        "copy: first create in {} at +{:.1}s, last delete in {} at +{:.1}s",
+        "copy: first create in {} at +{:.1}s ({first}), last delete in {} at +{:.1}s ({last})",
         dst.name,
         first_create - started,
         src.name,
@@ -239,22 +276,6 @@ fn check_move(
         let first = holds.iter().map(|h| h.1).fold(f64::INFINITY, f64::min);
         let last = holds.iter().map(|h| h.2).fold(0.0, f64::max);
         held.push((first, last));
-        // No manager says it acquired its Lease during the copy; and the same logs, read the
-        // same way, do show each provider acquiring it again after the restore.
-        let mut again = 0;
-        for (pod, line, t) in m.lease_acquisitions() {
-            assert!(
-                !(t >= first_create && t <= last_delete),
-                "{}: {pod} acquired its Lease during the copy: {line}",
-                m.name
-            );
-            again += usize::from(t > last_delete && t <= ended);
-        }
-        assert!(
-            again >= PROVIDERS.len(),
-            "{}: the managers' logs show {again} acquisitions after the copy, not one per provider",
-            m.name
-        );
         // Every provider had a Ready pod at every moment of the move (and the watch saw each
         // provider's pods change: the standby).
         let mut seen_pods = std::collections::BTreeSet::new();
@@ -318,6 +339,44 @@ fn check_move(
     };
     let dst_back = back(dst, dst_seen, last_delete);
     let src_back = back(src, src_seen, last_delete);
+    // No manager says it acquired its Lease during the copy (every provider's log read, see
+    // `lease_acquisitions`); and the same logs, read the same way, show each provider
+    // acquiring it again after the copy.
+    for m in [dst, src] {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let acquired = m.lease_acquisitions();
+            for a in &acquired {
+                assert!(
+                    !(a.at >= first_create && a.at <= last_delete),
+                    "{}: {} acquired its Lease during the copy (+{:.1}s .. +{:.1}s): {}",
+                    m.name,
+                    a.pod,
+                    first_create - started,
+                    last_delete - started,
+                    a.line
+                );
+            }
+            let missing: Vec<&str> = PROVIDERS
+                .iter()
+                .map(|(_, dep, _)| *dep)
+                .filter(|dep| {
+                    !acquired
+                        .iter()
+                        .any(|a| a.provider == *dep && a.at > last_delete)
+                })
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: no log of {missing:?} shows it acquiring its Lease after the copy, though the Leases say it leads",
+                m.name
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
     let src_first_back = PROVIDERS
         .iter()
         .filter_map(|(ns, dep, lease)| {
@@ -437,8 +496,6 @@ fn handoff_move_with_the_real_clusterctl_and_providers() {
     let mut figures = Vec::new();
     for (i, (from, to)) in [(&src, &dst), (&dst, &src)].into_iter().enumerate() {
         let (from_seen, to_seen) = (Seen::start(from, "ns1"), Seen::start(to, "ns1"));
-        // The watches list what there is before the move starts.
-        std::thread::sleep(Duration::from_secs(1));
         let prober = Prober::start(vec![
             (
                 from.name.to_string(),

@@ -11,6 +11,7 @@
 //! the providers' fail-closed webhooks.
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -52,6 +53,35 @@ pub const HELD_BY: &str = "handoff.dev/held-by-window";
 pub const BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
 pub const SAVED: &str = "handoff.dev/replicas-before-move";
 pub const DELETE_FOR_MOVE: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
+/// What client-go's leader election logs on taking a Lease, lowercased.
+pub const ACQUIRED: &str = "successfully acquired lease";
+
+/// One manager's log line saying it acquired its Lease.
+#[derive(Debug, Clone)]
+pub struct Acquisition {
+    /// The provider's Deployment (`PROVIDERS`).
+    pub provider: &'static str,
+    pub pod: String,
+    pub line: String,
+    /// Its klog time, seconds since the epoch.
+    pub at: f64,
+}
+
+/// The provider whose Lease `line` says was acquired: its `lock="ns/name"`, or else the pod's
+/// Deployment.
+fn acquired_provider(pod: &str, line: &str) -> Option<&'static str> {
+    let lock = line
+        .split_once("lock=\"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(lock, _)| lock);
+    PROVIDERS
+        .iter()
+        .find(|(ns, dep, lease)| match lock {
+            Some(lock) => lock == format!("{ns}/{lease}"),
+            None => pod.starts_with(&format!("{dep}-")),
+        })
+        .map(|(_, dep, _)| *dep)
+}
 
 /// Seconds since the epoch, now.
 pub fn wall() -> f64 {
@@ -411,7 +441,8 @@ impl Mgmt {
             "{}: kube-apiserver again: {status}",
             self.name
         );
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        // Generous: on a busy machine a kube-apiserver takes a minute and more to start.
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
         loop {
             let out = self.kubectl(&["get", "--raw", "/readyz"]);
             if out.status.success() && text(&out.stdout).trim() == "ok" {
@@ -419,7 +450,7 @@ impl Mgmt {
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "{}: kube-apiserver not ready again after a minute: {}",
+                "{}: kube-apiserver not ready again after 5 minutes: {}",
                 self.name,
                 text(&out.stderr)
             );
@@ -443,17 +474,54 @@ impl Mgmt {
         })
     }
 
-    /// Every time a manager logged acquiring its Lease: (pod, line, when). client-go logs
-    /// `"Successfully acquired lease" lock="ns/name"` (structured klog).
-    pub fn lease_acquisitions(&self) -> Vec<(String, String, f64)> {
-        self.manager_logs()
+    /// Every time a manager logged acquiring its Lease, with its provider. client-go logs
+    /// `"Successfully acquired lease" lock="ns/name"` (structured klog). Fails unless the logs
+    /// show an acquisition for every provider (each acquired its Lease when it started): "no
+    /// acquisition in an interval" proves nothing of a log that was not written, not read, or
+    /// no longer says it this way.
+    pub fn lease_acquisitions(&self) -> Vec<Acquisition> {
+        let found: Vec<Acquisition> = self
+            .manager_logs()
             .into_iter()
-            .filter(|(_, line)| {
-                line.to_ascii_lowercase()
-                    .contains("successfully acquired lease")
+            .filter(|(_, line)| line.to_ascii_lowercase().contains(ACQUIRED))
+            .map(|(pod, line)| {
+                // An acquisition whose time cannot be read must not drop out of the count.
+                let at = klog_time(&line).unwrap_or_else(|| {
+                    panic!(
+                        "{}: {pod}: an acquisition without a klog time: {line}",
+                        self.name
+                    )
+                });
+                let provider = acquired_provider(&pod, &line).unwrap_or_else(|| {
+                    panic!(
+                        "{}: {pod}: an acquisition of no provider's Lease: {line}",
+                        self.name
+                    )
+                });
+                Acquisition {
+                    provider,
+                    pod,
+                    line,
+                    at,
+                }
             })
-            .filter_map(|(pod, line)| klog_time(&line).map(|t| (pod, line, t)))
-            .collect()
+            .collect();
+        let missing: Vec<&str> = PROVIDERS
+            .iter()
+            .map(|(_, dep, _)| *dep)
+            .filter(|dep| !found.iter().any(|a| a.provider == *dep))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{}: no manager log of {missing:?} says {ACQUIRED:?} (logs of {:?} in {}): an acquisition during the move would go unseen",
+            self.name,
+            self.manager_logs()
+                .iter()
+                .map(|(pod, _)| pod.as_str())
+                .collect::<BTreeSet<_>>(),
+            self.dir.join("podsim/logs").display()
+        );
+        found
     }
 
     /// Whether every provider Lease is held by a pod of its own Deployment now.
@@ -761,4 +829,309 @@ pub fn klog_time(line: &str) -> Option<f64> {
             .parse()
             .ok()?;
     Some(ts.as_nanosecond() as f64 / 1e9)
+}
+
+/// Every kind `clusterctl move` moves out of a namespace: the namespaced types of the CRDs it
+/// discovers by their `clusterctl.cluster.x-k8s.io` label (not its own inventory), at their
+/// storage version, and Secrets and ConfigMaps (objectgraph.go's `getDiscoveryTypes`).
+pub fn moved_kinds(m: &Mgmt) -> Vec<kube::core::ApiResource> {
+    let crds = m.get(&["crd", "-l", "clusterctl.cluster.x-k8s.io"]);
+    let mut kinds: Vec<kube::core::ApiResource> = crds["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| {
+            c["spec"]["group"] != "clusterctl.cluster.x-k8s.io"
+                && c["spec"]["scope"] == "Namespaced"
+        })
+        .map(|c| {
+            let spec = &c["spec"];
+            let version = spec["versions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|v| v["storage"] == true)
+                .and_then(|v| v["name"].as_str())
+                .unwrap_or_else(|| panic!("{}: a CRD without a storage version: {c}", m.name));
+            let gvk = kube::core::GroupVersionKind::gvk(
+                spec["group"].as_str().unwrap_or(""),
+                version,
+                spec["names"]["kind"].as_str().unwrap_or(""),
+            );
+            kube::core::ApiResource::from_gvk_with_plural(
+                &gvk,
+                spec["names"]["plural"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    for (kind, plural) in [("Secret", "secrets"), ("ConfigMap", "configmaps")] {
+        kinds.push(kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("", "v1", kind),
+            plural,
+        ));
+    }
+    kinds
+}
+
+/// Every object of every moved kind in one namespace of one cluster, watched (one watch per
+/// kind: kubectl watches one kind at a time, so through kube-rs, on a thread of its own), each
+/// event stamped with the wall clock as it arrives. The first listing's objects are `LISTED`;
+/// after that `ADDED`, `MODIFIED`, `DELETED`. A watch that must list again (after its API
+/// server restarted) reports what the new listing no longer holds as `DELETED` when the
+/// listing ends, and what it holds new as `ADDED`.
+pub struct MovedObjects {
+    pub what: String,
+    kinds: usize,
+    events: Arc<Mutex<Vec<Event>>>,
+    /// Which kinds finished their first listing.
+    listed: Arc<Mutex<BTreeSet<String>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MovedObjects {
+    pub fn start(m: &Mgmt, ns: &str) -> MovedObjects {
+        let kinds = moved_kinds(m);
+        assert!(
+            kinds.iter().any(|k| k.kind == "Cluster") && kinds.len() > 10,
+            "{}: the moved kinds: {:?}",
+            m.name,
+            kinds.iter().map(|k| &k.kind).collect::<Vec<_>>()
+        );
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let listed = Arc::new(Mutex::new(BTreeSet::new()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (kubeconfig, ns_owned, n) = (m.kubeconfig.clone(), ns.to_string(), kinds.len());
+        let (sink, lists) = (events.clone(), listed.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the watches");
+            rt.block_on(async move {
+                let kc = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
+                let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    .await
+                    .expect("client config");
+                let client = kube::Client::try_from(config).expect("client");
+                let mut tasks = tokio::task::JoinSet::new();
+                for ar in kinds {
+                    let api = kube::Api::<kube::core::DynamicObject>::namespaced_with(
+                        client.clone(),
+                        &ns_owned,
+                        &ar,
+                    );
+                    tasks.spawn(watch_kind(
+                        api,
+                        ar.group.clone(),
+                        ar.kind.clone(),
+                        sink.clone(),
+                        lists.clone(),
+                    ));
+                }
+                let _ = stopped.await;
+                tasks.abort_all();
+            });
+        });
+        MovedObjects {
+            what: format!("{}: every moved kind in {ns}", m.name),
+            kinds: n,
+            events,
+            listed,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Whether every kind's watch has listed what there was.
+    pub fn listed(&self) -> bool {
+        self.listed.lock().unwrap().len() == self.kinds
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// `Kind name` → the object, of what the events say there is at `at`.
+    pub fn live_at(&self, at: f64) -> BTreeMap<String, Value> {
+        let mut live = BTreeMap::new();
+        for e in self.events().into_iter().filter(|e| e.at <= at) {
+            if e.kind == "DELETED" {
+                live.remove(&kind_name(&e.object));
+            } else {
+                live.insert(kind_name(&e.object), e.object);
+            }
+        }
+        live
+    }
+
+    /// The first object of any moved kind created at or after `since`: when its `ADDED`
+    /// arrived, and its `Kind name`.
+    pub fn first_created(&self, since: f64) -> Option<(f64, String)> {
+        self.events()
+            .into_iter()
+            .find(|e| e.kind == "ADDED" && e.at >= since)
+            .map(|e| (e.at, kind_name(&e.object)))
+    }
+}
+
+impl Drop for MovedObjects {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn kind_name(o: &Value) -> String {
+    format!(
+        "{} {}",
+        o["kind"].as_str().unwrap_or(""),
+        o["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+/// One kind's watch, for `MovedObjects`: a failed watch is retried every 200 ms (the API
+/// server may be restarting), and every object keeps its `kind` (a listing's items have none).
+async fn watch_kind(
+    api: kube::Api<kube::core::DynamicObject>,
+    group: String,
+    kind: String,
+    sink: Arc<Mutex<Vec<Event>>>,
+    lists: Arc<Mutex<BTreeSet<String>>>,
+) {
+    use futures::StreamExt as _;
+    use kube::runtime::watcher;
+    let mut known: BTreeMap<String, Value> = BTreeMap::new();
+    let mut listing: Option<BTreeMap<String, Value>> = None;
+    let mut first = true;
+    let mut stream = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+    while let Some(next) = stream.next().await {
+        let push = |what: &str, object: Value| {
+            sink.lock().unwrap().push(Event {
+                at: wall(),
+                kind: what.to_string(),
+                object,
+            })
+        };
+        let value = |o: kube::core::DynamicObject| {
+            let mut v = serde_json::to_value(o).expect("an object as JSON");
+            v["kind"] = Value::from(kind.as_str());
+            v
+        };
+        let uid = |v: &Value| v["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        match next {
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(watcher::Event::Init) => listing = Some(BTreeMap::new()),
+            Ok(watcher::Event::InitApply(o)) => {
+                let v = value(o);
+                let what = match known.get(&uid(&v)) {
+                    _ if first => Some("LISTED"),
+                    None => Some("ADDED"),
+                    Some(old)
+                        if old["metadata"]["resourceVersion"]
+                            != v["metadata"]["resourceVersion"] =>
+                    {
+                        Some("MODIFIED")
+                    }
+                    Some(_) => None,
+                };
+                if let Some(what) = what {
+                    push(what, v.clone());
+                }
+                listing.get_or_insert_with(BTreeMap::new).insert(uid(&v), v);
+            }
+            Ok(watcher::Event::InitDone) => {
+                let now = listing.take().unwrap_or_default();
+                for (u, old) in &known {
+                    if !now.contains_key(u) {
+                        push("DELETED", old.clone());
+                    }
+                }
+                known = now;
+                first = false;
+                lists.lock().unwrap().insert(format!("{group}/{kind}"));
+            }
+            Ok(watcher::Event::Apply(o)) => {
+                let v = value(o);
+                let what = if known.contains_key(&uid(&v)) {
+                    "MODIFIED"
+                } else {
+                    "ADDED"
+                };
+                known.insert(uid(&v), v.clone());
+                push(what, v);
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                let v = value(o);
+                known.remove(&uid(&v));
+                push("DELETED", v);
+            }
+        }
+    }
+}
+
+/// A move's copy, as the clusters saw it.
+#[derive(Debug, Clone)]
+pub struct Copy {
+    /// When the first object of any moved kind was created in the target, and which.
+    pub first_create: (f64, String),
+    /// When the last of what the target received was deleted from the source, and which.
+    pub last_delete: (f64, String),
+}
+
+/// The copy of a move that started at `since`: the first create in the target of an object of
+/// any moved kind (clusterctl creates owners first, but which root comes first is its graph's
+/// order, not the Cluster's), and, once the source holds none of what the target received, the
+/// last of those deletes.
+pub fn copy_seen(target: &MovedObjects, source: &MovedObjects, since: f64) -> Copy {
+    let first_create = target.first_created(since).unwrap_or_else(|| {
+        panic!(
+            "{}: nothing created since +0 ({since}): {:?}",
+            target.what,
+            target
+                .events()
+                .iter()
+                .map(|e| format!("{} {} at {:.1}", e.kind, kind_name(&e.object), e.at))
+                .collect::<Vec<_>>()
+        )
+    });
+    let received: BTreeSet<String> = target
+        .events()
+        .iter()
+        .filter(|e| e.kind == "ADDED" && e.at >= since)
+        .map(|e| kind_name(&e.object))
+        .collect();
+    let last_delete = super::apiserver::eventually(
+        &format!(
+            "{}: none of the {} objects the target received left",
+            source.what,
+            received.len()
+        ),
+        Duration::from_secs(120),
+        || {
+            let left: Vec<String> = source
+                .live_at(f64::INFINITY)
+                .into_keys()
+                .filter(|k| received.contains(k))
+                .collect();
+            if !left.is_empty() {
+                return None;
+            }
+            source
+                .events()
+                .into_iter()
+                .filter(|e| e.kind == "DELETED" && e.at >= since)
+                .filter(|e| received.contains(&kind_name(&e.object)))
+                .map(|e| (e.at, kind_name(&e.object)))
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+        },
+    );
+    Copy {
+        first_create,
+        last_delete,
+    }
 }
