@@ -17,12 +17,19 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::apiserver::{ADMIN, ApiServer, NOBODY, skip, text};
 use support::mgmt::{BOB, Mgmt, PROVIDER_SA};
-use support::providers::{LeaseTiming, Provider, ProviderSpec, cluster, holder_pod};
+use support::providers::{
+    LeaseTiming, LeaseWatch, Provider, ProviderSpec, cluster, holder_pod, led_first,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 const WINDOW: &str = "capi-move";
 const HELD_BY: &str = "handoff.dev/held-by-window";
 const OPERATOR: &str = "handoff.dev/window-operator";
+/// The holder identity the window writes into the Leases it holds.
+const WINDOW_HOLDER: &str = "handoff.dev/move-window/capi-move";
+/// Cluster API core's Lease, and the Deployment whose pods lead it.
+const CAPI_LEASE: &str = "capi-system/controller-leader-election-capi";
+const CAPI: &str = "capi-controller-manager";
 
 /// A management cluster: Cluster API core (Lease, serving a fail-closed webhook for Clusters
 /// through its Service) and, with `with_capd`, CAPD without leader election (Scale).
@@ -186,15 +193,21 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
         0
     );
 
-    // During the window: no reconciler runs anywhere, for longer than a lease duration, while
-    // the former leaders restart (exit 1 on lost leadership) and wait as candidates.
+    // During the window: no reconciler runs anywhere. Counted from here (the proof has
+    // waited out the former leader's lease), and observed once every replica is a candidate
+    // again (the former leaders exit 1 on lost leadership and restart) that has read the
+    // window holding the Lease, for two lease durations: a candidate that would take a held
+    // Lease, by its own duration or the Lease's, would have taken it and reconciled.
     let counts = [
         source.capi().reconciles(&source.api),
         target.capi().reconciles(&target.api),
     ];
     capd.wait_replicas(&source.api, 0, WAIT);
     let capd_count = capd.reconciles(&source.api);
-    std::thread::sleep(Duration::from_secs(6));
+    let candidates =
+        [&source, &target].map(|m| m.capi().wait_candidates(&m.api, WINDOW_HOLDER, WAIT));
+    // A lower bound, not a race: a slower machine only observes longer.
+    std::thread::sleep(LeaseTiming::FAST.duration * 2);
     assert_eq!(
         [
             source.capi().reconciles(&source.api),
@@ -206,6 +219,17 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
         target.capi().logs()
     );
     assert_eq!(capd.reconciles(&source.api), capd_count);
+    // The same candidates all along: none restarted, led or lost in between, so each was
+    // trying to take the Lease for the whole observation.
+    for (m, before) in [&source, &target].into_iter().zip(&candidates) {
+        assert_eq!(
+            m.capi().candidates_seeing(&m.api, WINDOW_HOLDER).as_ref(),
+            Some(before),
+            "{}: the candidates changed during the observation:\n{}",
+            m.label,
+            m.capi().logs()
+        );
+    }
     // Open again: every step already done, the proof counted from the first take-over.
     let again = window(&source, &target, &["open", WINDOW]);
     let log = text(&again.stderr);
@@ -374,22 +398,19 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
 
     // Close: the target's controllers first, then the source's; the policy lets the operator
     // release the source's Lease.
+    let leases =
+        [&source, &target].map(|m| LeaseWatch::start(&m.api, m.label, &[CAPI_LEASE.into()]));
     let t = Instant::now();
     let close = window(&source, &target, &["close", WINDOW]);
     let close_took = t.elapsed();
     let log = text(&close.stderr);
     assert!(close.status.success(), "close: {log}");
     eprintln!("handoff window close:\n{log}");
-    let target_leads = log
-        .find("target: capi-system/capi-controller-manager leads again")
-        .unwrap_or_else(|| panic!("{log}"));
-    let source_leads = log
-        .find("source: capi-system/capi-controller-manager leads again")
-        .unwrap_or_else(|| panic!("{log}"));
-    assert!(
-        target_leads < source_leads,
-        "the target leads first:\n{log}"
-    );
+    // As the clusters record it: the target's Lease is taken by a provider pod before the
+    // source's is.
+    let capi_lease = [(CAPI_LEASE.to_string(), CAPI.to_string())];
+    let [source_led, target_led] = leases.map(|w| w.led_again(WINDOW_HOLDER, &capi_lease, WAIT));
+    led_first(&target_led, &source_led, "the target leads again first");
     assert!(
         log.contains("source: restored capd-system/capd-controller-manager to 1"),
         "{log}"

@@ -25,7 +25,9 @@ use std::time::Instant;
 use serde_json::Value;
 use support::apiserver::{ADMIN, eventually, skip, text};
 use support::mgmt::{CLUSTER_WEBHOOK, Mgmt, WAIT};
-use support::providers::{DOCKERCLUSTERS, LeaseTiming, ProviderSpec, cluster, docker_cluster};
+use support::providers::{
+    DOCKERCLUSTERS, LeaseTiming, LeaseWatch, ProviderSpec, cluster, docker_cluster, led_first,
+};
 
 const HELD_BY: &str = "handoff.dev/held-by-window";
 const BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
@@ -91,6 +93,31 @@ fn workload(m: &Mgmt, ns: &str) {
             .get(BLOCK_MOVE)
             .map(|_| ())
     });
+}
+
+/// The provider Leases of `m` (`namespace/name`), each with the Deployment whose pods lead it.
+fn provider_leases(m: &Mgmt) -> Vec<(String, String)> {
+    m.providers
+        .iter()
+        .filter(|p| p.spec.leader_election_id.is_some())
+        .map(|p| {
+            (
+                format!("{}/{}", p.namespace(), p.lease_name()),
+                p.name().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every write of `m`'s Leases from now on.
+fn watch_leases(m: &Mgmt) -> LeaseWatch {
+    let keys: Vec<String> = provider_leases(m).into_iter().map(|(k, _)| k).collect();
+    LeaseWatch::start(&m.api, m.label, &keys)
+}
+
+/// The holder identity of the window handoff move opens for namespace `ns`.
+fn window_holder(ns: &str) -> String {
+    format!("handoff.dev/move-window/move-{ns}")
 }
 
 fn standin() -> PathBuf {
@@ -310,6 +337,9 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
         "{log}"
     );
 
+    // Who leads each provider Lease, as the clusters record it, from before the first move.
+    let (source_leases, target_leases) = (watch_leases(&source), watch_leases(&target));
+
     // 1. A move that fails halfway (after the first create in the target).
     let t = Instant::now();
     let failed = handoff_move(&source, &target, "alpha", &[], &env(Some(1)));
@@ -360,13 +390,14 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     ] {
         assert!(log.contains(want), "{want:?} missing:\n{log}");
     }
-    let target_back = log
-        .find("the target's controllers run again")
-        .expect("target restored");
-    let source_back = log
-        .find("restoring the source's controllers")
-        .expect("source restored");
-    assert!(target_back < source_back, "the target's first:\n{log}");
+    // The target's controllers lead again before the source's: every target Lease is taken by
+    // a provider pod (its acquireTime) before any source Lease is.
+    let holder = window_holder("alpha");
+    led_first(
+        &target_leases.led_again(&holder, &provider_leases(&target), WAIT),
+        &source_leases.led_again(&holder, &provider_leases(&source), WAIT),
+        "the target's controllers lead again first",
+    );
     // clusterctl's view, on the first attempt: the Docker provider's block-move was there at
     // discovery, and clusterctl waited until the provider itself lifted it, after the pause,
     // with its controllers still running. (On the re-run the provider marks its DockerCluster
@@ -549,15 +580,12 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     let log = text(&abort.stderr) + &text(&abort.stdout);
     eprintln!("handoff move --abort:\n{log}");
     assert!(abort.status.success(), "{log}");
-    let source_back = log
-        .find("the source's controllers run again")
-        .expect("source");
-    let target_back = log
-        .find("the target's controllers run again")
-        .expect("target");
-    assert!(
-        source_back < target_back,
-        "the source's first on abort:\n{log}"
+    // On abort the source's controllers lead again first, as the Leases record it.
+    let holder = window_holder("beta");
+    led_first(
+        &source_leases.led_again(&holder, &provider_leases(&source), WAIT),
+        &target_leases.led_again(&holder, &provider_leases(&target), WAIT),
+        "the source's controllers lead again first on abort",
     );
     assert!(
         log.contains("source Clusters still paused: beta/workload")

@@ -7,6 +7,7 @@
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use handoff::resources::move_window::MoveRole;
@@ -20,7 +21,7 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 use support::apiserver::{ADMIN, ApiServer, Handoff, skip};
-use support::fault_proxy::FaultProxy;
+use support::fault_proxy::{AfterAnswer, FaultProxy};
 
 const SAVED: &str = "handoff.dev/replicas-before-move";
 const NAMESPACES: [&str; 5] = [
@@ -990,53 +991,61 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
         .await
         .unwrap();
     let mark = e.proxy.writes().len();
-    // A handoff replica whose cache lags 300 ms behind the close pins the Deployment again
-    // whenever it sees it restored, until it catches up: its 300 ms run from the first restore
-    // it sees, however long the close took to get there on a loaded machine. Its writes go
-    // straight to the API server, out of the proxy's log.
-    let repinner = {
-        let api = Api::<Deployment>::namespaced(e.admin.clone(), "capi-system");
-        tokio::spawn(async move {
-            let mut repinned = 0;
-            let waiting = tokio::time::Instant::now();
-            let mut first_seen: Option<tokio::time::Instant> = None;
-            while first_seen.is_none_or(|t| t.elapsed() < Duration::from_millis(300))
-                && waiting.elapsed() < Duration::from_secs(60)
-            {
-                if let Ok(mut d) = api.get("capi-controller-manager").await
-                    && d.spec.as_ref().and_then(|s| s.replicas) != Some(0)
-                {
-                    first_seen.get_or_insert_with(tokio::time::Instant::now);
-                    let spec = d.spec.as_mut().expect("spec");
-                    let asked = spec.replicas.unwrap_or(1);
-                    spec.replicas = Some(0);
-                    d.metadata
-                        .annotations
-                        .get_or_insert_default()
-                        .insert(SAVED.into(), asked.to_string());
-                    // Guarded by the resourceVersion read: counted only when nothing came between.
-                    if api
-                        .replace("capi-controller-manager", &PostParams::default(), &d)
-                        .await
-                        .is_ok()
-                    {
-                        repinned += 1;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
+    // A handoff replica whose cache lags behind the close pins the Deployment again each time
+    // the close has just read it restored, twice, then catches up. Each pin lands after the
+    // close's read and before its next look (the proxy holds the answer until it is written),
+    // however fast or slow the machine. Its writes go straight to the API server (the proxy's
+    // own client), out of the proxy's log.
+    const STALE_PINS: u32 = 2;
+    let repinned = Arc::new(AtomicU32::new(0));
+    let pins = repinned.clone();
+    let stale_replica: AfterAnswer = Arc::new(move |_, client| {
+        let pins = pins.clone();
+        Box::pin(async move {
+            if pins.load(Ordering::SeqCst) >= STALE_PINS {
+                return;
             }
-            repinned
+            let api = Api::<Deployment>::namespaced(client, "capi-system");
+            let mut d = api
+                .get("capi-controller-manager")
+                .await
+                .expect("the stale replica's read");
+            let spec = d.spec.as_mut().expect("spec");
+            let Some(asked) = spec.replicas.filter(|r| *r != 0) else {
+                return;
+            };
+            spec.replicas = Some(0);
+            d.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(SAVED.into(), asked.to_string());
+            // Guarded by the resourceVersion read; the close waits for this answer meanwhile.
+            api.replace("capi-controller-manager", &PostParams::default(), &d)
+                .await
+                .expect("the stale replica's pin");
+            pins.fetch_add(1, Ordering::SeqCst);
         })
-    };
-    // A settle time well above a GET's latency on a loaded machine: the stale replica's first
-    // pin lands inside it, and its last one 300 ms later lands before the second look.
-    let opts = CloseOptions {
-        settle: Duration::from_secs(1),
-        ..close_opts()
-    };
-    ops::close(&clusters, &opts, &mut Vec::new()).await.unwrap();
-    let repinned = repinner.await.unwrap();
-    assert!(repinned >= 1, "the stale replica never acted");
+    });
+    e.proxy.after_answer(Some((
+        "GET /apis/apps/v1/namespaces/capi-system/deployments/capi-controller-manager",
+        stale_replica,
+    )));
+    let mut out = Vec::new();
+    let closed = ops::close(&clusters, &close_opts(), &mut out).await;
+    e.proxy.after_answer(None);
+    let log = String::from_utf8(out).unwrap();
+    closed.unwrap_or_else(|err| panic!("{err}\n{log}"));
+    let repinned = repinned.load(Ordering::SeqCst);
+    assert_eq!(
+        repinned, STALE_PINS,
+        "the stale replica pinned {repinned} times:\n{log}"
+    );
+    assert_eq!(
+        log.matches("capi-system/capi-controller-manager was pinned again; restoring again")
+            .count(),
+        STALE_PINS as usize,
+        "{log}"
+    );
     assert_eq!(
         dep(&e, "capi-system", "capi-controller-manager").await,
         (3, None)
@@ -1049,8 +1058,9 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
                 && w.contains("/namespaces/capi-system/deployments/capi-controller-manager")
         })
         .count();
-    assert!(
-        restores > repinned,
+    assert_eq!(
+        restores,
+        repinned as usize + 1,
         "close restored {restores} times, the stale replica pinned {repinned} times"
     );
 }

@@ -18,7 +18,10 @@
 //!   watch that broke while the server answers (a connection reset, a timeout on the watch alone);
 //! - hold requests (`hold`): those whose `METHOD /path?query` contains a pattern wait, unlogged
 //!   by the server, until the hold is lifted, so a test orders what it races (one watch failing
-//!   after the others, eight requests waiting on one read) by the state it sees, not by time.
+//!   after the others, eight requests waiting on one read) by the state it sees, not by time;
+//! - act right after the server answered a request (`after_answer`): a write of someone else's
+//!   that lands after the client read the state and before it can look again, whatever the
+//!   machine's speed.
 //!
 //! Everything else (storage, validation, defaulting, admission, watches, patches) is the real
 //! server's. A frozen watch connection is `FreezingProxy` in `apiserver.rs`.
@@ -31,7 +34,9 @@
 //! is tested (`tests/apiserver.rs` is).
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,8 +55,14 @@ pub struct Logged {
     pub line: String,
 }
 
+/// What `after_answer` runs: the request line and the proxy's own client (the server's admin).
+pub type AfterAnswer =
+    Arc<dyn Fn(String, kube::Client) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 struct Faults {
     log: Mutex<Vec<Logged>>,
+    /// A request line's prefix, and what to run once the server answered such a request.
+    after: Mutex<Option<(String, AfterAnswer)>>,
     latency_ms: AtomicU64,
     unavailable: tokio::sync::watch::Sender<bool>,
     /// Writes still let through; negative: all of them.
@@ -77,6 +88,7 @@ impl FaultProxy {
             kube::config::Kubeconfig::read_from(api.kubeconfig(ADMIN)).expect("admin kubeconfig");
         let faults = Arc::new(Faults {
             log: Mutex::new(Vec::new()),
+            after: Mutex::new(None),
             latency_ms: AtomicU64::new(0),
             unavailable: tokio::sync::watch::Sender::new(false),
             write_budget: AtomicI64::new(-1),
@@ -157,6 +169,14 @@ impl FaultProxy {
         self.faults.held.load(Ordering::SeqCst)
     }
 
+    /// Once the server has answered a request whose line (`METHOD /path?query`) starts with
+    /// `prefix`, run `hook` and only then pass the answer on: the client has read the state as
+    /// it was before the hook's writes, and its next request comes after them. `None` clears it.
+    pub fn after_answer(&self, hook: Option<(&str, AfterAnswer)>) {
+        *self.faults.after.lock().unwrap_or_else(|e| e.into_inner()) =
+            hook.map(|(prefix, h)| (prefix.to_string(), h));
+    }
+
     fn log(&self) -> Vec<Logged> {
         self.faults
             .log
@@ -203,6 +223,7 @@ async fn handle(
     faults: Arc<Faults>,
 ) -> Out {
     let (method, target, write) = request_line(&req);
+    let line = format!("{method} {target}");
     faults
         .log
         .lock()
@@ -210,9 +231,8 @@ async fn handle(
         .push(Logged {
             seq: SEQUENCE.fetch_add(1, Ordering::SeqCst),
             write,
-            line: format!("{method} {target}"),
+            line: line.clone(),
         });
-    let line = format!("{method} {target}");
     let holds = |p: &Option<String>| p.as_deref().is_some_and(|p| line.contains(p));
     if holds(&faults.hold.borrow()) {
         faults.held.fetch_add(1, Ordering::SeqCst);
@@ -253,6 +273,16 @@ async fn handle(
         }
         Err(ForwardError::Send(e)) => return unavailable(&format!("forwarding: {e}")),
     };
+    let after = faults
+        .after
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .filter(|(prefix, _)| line.starts_with(prefix.as_str()))
+        .map(|(_, hook)| hook.clone());
+    if let Some(hook) = after {
+        hook(line, client.clone()).await;
+    }
     // Streamed as it comes (a watch), until the proxy is made unavailable (or, for a watch,
     // until watches fail).
     let (mut gone, mut watches_down) = (

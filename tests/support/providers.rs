@@ -16,15 +16,18 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::io::{Read as _, Write as _};
+use std::io::{BufReader, Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use handoff::certs::Ca;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
@@ -91,7 +94,9 @@ pub struct ProviderSpec {
     pub service: Option<ServiceSpec>,
     /// More `provider-standin` flags, e.g. `--reconcile-every=200ms`.
     pub extra_args: Vec<String>,
-    /// podsim's `--seconds`: it stops everything after that long.
+    /// podsim's `--seconds`: it stops everything after that long. A safety net only (podsim
+    /// and its replicas die with the test binary): an hour, since on a loaded machine the move
+    /// test outlived 15 minutes and its providers stopped leading mid-move.
     pub seconds: u32,
 }
 
@@ -113,7 +118,7 @@ impl ProviderSpec {
             block_move_resource: None,
             service: None,
             extra_args: Vec::new(),
-            seconds: 900,
+            seconds: 3600,
         }
     }
 
@@ -457,6 +462,53 @@ impl Provider {
         })
     }
 
+    /// The identities of this provider's replicas once every one of them is a candidate that
+    /// has read `leader` holding its Lease: its running process (the run after the last
+    /// "waiting for lease" of its pod's log) logged "leader is `leader`" and has neither started
+    /// its reconcilers nor lost an election since. `None` while any is not (a former leader
+    /// that has not yet exited, or not yet been restarted, is not).
+    pub fn candidates_seeing(&self, api: &ApiServer, leader: &str) -> Option<Vec<String>> {
+        let pods = self.pods(api);
+        if pods.len() != self.spec.replicas as usize {
+            return None;
+        }
+        let mut identities = Vec::new();
+        for pod in &pods {
+            self.replica_pid(pod)?;
+            let log = self.pod_log(pod);
+            let (_, run) = log.rsplit_once(" waiting for lease ")?;
+            let identity = run
+                .lines()
+                .next()?
+                .rsplit_once(" as ")?
+                .1
+                .trim()
+                .to_string();
+            let seen = run
+                .lines()
+                .any(|l| l.ends_with(&format!(" leader is {leader}")));
+            let ran = run.lines().any(|l| {
+                l.contains(" reconcilers started as ")
+                    || l.ends_with(" leader election lost")
+                    || l.ends_with(" stopped (signal)")
+            });
+            if !seen || ran {
+                return None;
+            }
+            identities.push(identity);
+        }
+        Some(identities)
+    }
+
+    /// Wait until `candidates_seeing` names every replica; their identities.
+    pub fn wait_candidates(&self, api: &ApiServer, leader: &str, within: Duration) -> Vec<String> {
+        self.wait(
+            &format!("every replica a candidate that has read {leader} leading"),
+            within,
+            || self.candidates_seeing(api, leader),
+        )
+    }
+
     /// The `caBundle` for this provider's webhooks: base64 of the CA's PEM.
     pub fn ca_bundle(&self) -> String {
         base64::engine::general_purpose::STANDARD.encode(self.ca.cert_pem.as_bytes())
@@ -686,6 +738,269 @@ impl Provider {
 impl Drop for Provider {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// One change to a Lease as a `LeaseWatch` received it: when (one clock for every watch of
+/// the test), the event's type and the Lease as it was written.
+#[derive(Debug, Clone)]
+pub struct LeaseEvent {
+    pub at: Instant,
+    pub kind: String,
+    pub lease: Lease,
+}
+
+impl LeaseEvent {
+    pub fn key(&self) -> String {
+        format!(
+            "{}/{}",
+            self.lease.metadata.namespace.as_deref().unwrap_or(""),
+            self.lease.metadata.name.as_deref().unwrap_or("")
+        )
+    }
+
+    pub fn holder(&self) -> &str {
+        self.lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .unwrap_or("")
+    }
+}
+
+/// A provider that leads a Lease again after a window held it: the first write of the Lease
+/// naming one of its pods after the window's last, as the API server sent it.
+#[derive(Debug, Clone)]
+pub struct LedAgain {
+    pub cluster: String,
+    pub lease: String,
+    pub holder: String,
+    /// `spec.acquireTime` as the new leader wrote it: its clock, which is this machine's,
+    /// as every provider's and handoff's is.
+    pub acquired: Timestamp,
+    /// When the watch received that write.
+    pub seen: Instant,
+}
+
+/// Every write of every Lease of one API server, in the order the server made them: `kubectl
+/// get leases -A -w`, which lists the Leases there are (`ADDED`) and then watches from that
+/// list's resourceVersion, so that no write after the list is missed. If the watch ends
+/// before the test asks (a watch the server closed, a kubectl that died), the test fails
+/// rather than read a partial history.
+pub struct LeaseWatch {
+    pub cluster: String,
+    events: Arc<Mutex<Vec<LeaseEvent>>>,
+    ended: Arc<AtomicBool>,
+    child: Mutex<Child>,
+}
+
+impl LeaseWatch {
+    /// Start watching, and return once the list has come in with every Lease of `leases`
+    /// (`namespace/name`) in it: from then on each of their writes is seen.
+    pub fn start(api: &ApiServer, cluster: &str, leases: &[String]) -> LeaseWatch {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(api.kubeconfig(ADMIN))
+            .args([
+                "get",
+                "leases.coordination.k8s.io",
+                "-A",
+                "-w",
+                "--output-watch-events",
+                "-o",
+                "json",
+            ])
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = spawn(cmd).expect("kubectl get leases -w");
+        let stdout = child.stdout.take().expect("stdout");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let ended = Arc::new(AtomicBool::new(false));
+        let (sink, end) = (events.clone(), ended.clone());
+        std::thread::spawn(move || {
+            let stream =
+                serde_json::Deserializer::from_reader(BufReader::new(stdout)).into_iter::<Value>();
+            for v in stream {
+                let Ok(v) = v else { break };
+                let at = Instant::now();
+                let lease: Lease = match serde_json::from_value(v["object"].clone()) {
+                    Ok(l) => l,
+                    Err(_) => break,
+                };
+                let kind = v["type"].as_str().unwrap_or("").to_string();
+                sink.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(LeaseEvent { at, kind, lease });
+            }
+            end.store(true, Ordering::SeqCst);
+        });
+        let w = LeaseWatch {
+            cluster: cluster.into(),
+            events,
+            ended,
+            child: Mutex::new(child),
+        };
+        w.wait(&format!("the list of {leases:?}"), START_WAIT, |events| {
+            leases
+                .iter()
+                .all(|l| events.iter().any(|e| &e.key() == l))
+                .then_some(())
+        });
+        w
+    }
+
+    pub fn events(&self) -> Vec<LeaseEvent> {
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// For each of `leases` (`namespace/name`, the Deployment whose pods lead it): the first
+    /// write naming a pod of that Deployment after the last write naming `window_holder`;
+    /// waits up to `within` for every one. Panics when the watch never saw the window hold a
+    /// Lease (nothing to lead *again*), or it ended.
+    pub fn led_again(
+        &self,
+        window_holder: &str,
+        leases: &[(String, String)],
+        within: Duration,
+    ) -> Vec<LedAgain> {
+        self.wait(
+            &format!("a provider leading {leases:?} again after {window_holder}"),
+            within,
+            |events| {
+                let mut out = Vec::new();
+                for (key, deployment) in leases {
+                    let mine: Vec<&LeaseEvent> =
+                        events.iter().filter(|e| &e.key() == key).collect();
+                    let held = mine.iter().rposition(|e| e.holder() == window_holder);
+                    let Some(held) = held else {
+                        panic!(
+                            "{}: the watch never saw {window_holder} hold Lease {key}: {:?}",
+                            self.cluster,
+                            history(&mine)
+                        );
+                    };
+                    let led = mine[held..].iter().find(|e| {
+                        e.kind != "DELETED"
+                            && holder_pod(e.holder()).starts_with(&format!("{deployment}-"))
+                    })?;
+                    let acquired = led
+                        .lease
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.acquire_time.as_ref())
+                        .map(|t| t.0)
+                        .unwrap_or_else(|| {
+                            panic!(
+                                "{}: Lease {key} led by {} without an acquireTime",
+                                self.cluster,
+                                led.holder()
+                            )
+                        });
+                    out.push(LedAgain {
+                        cluster: self.cluster.clone(),
+                        lease: key.clone(),
+                        holder: led.holder().to_string(),
+                        acquired,
+                        seen: led.at,
+                    });
+                }
+                Some(out)
+            },
+        )
+    }
+
+    /// `check` over the events so far until `Some`; panics on timeout or when the watch ended.
+    fn wait<T>(
+        &self,
+        what: &str,
+        within: Duration,
+        mut check: impl FnMut(&[LeaseEvent]) -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + within;
+        loop {
+            // Read before the events: a watch that ended after this still delivered them all.
+            let ended = self.ended.load(Ordering::SeqCst);
+            if let Some(v) = check(&self.events()) {
+                return v;
+            }
+            assert!(
+                !ended,
+                "{}: the Lease watch ended while waiting for {what}: it may have missed writes",
+                self.cluster
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{}: timed out after {within:?} waiting for {what}: {:?}",
+                self.cluster,
+                history(&self.events().iter().collect::<Vec<_>>())
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for LeaseWatch {
+    fn drop(&mut self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// `(lease, holder, acquireTime)` of each event, for a failure message.
+fn history(events: &[&LeaseEvent]) -> Vec<(String, String, String)> {
+    events
+        .iter()
+        .map(|e| {
+            let acquired = e
+                .lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.acquire_time.as_ref())
+                .map(|t| t.0.to_string())
+                .unwrap_or_default();
+            (e.key(), e.holder().to_string(), acquired)
+        })
+        .collect()
+}
+
+/// Every Lease of `first` was led again before any of `then` was: each new leader's
+/// `acquireTime` (one clock, the machine's) of `first` before each of `then`.
+pub fn led_first(first: &[LedAgain], then: &[LedAgain], what: &str) {
+    assert!(
+        !first.is_empty() && !then.is_empty(),
+        "{what}: nothing to order: {first:?} {then:?}"
+    );
+    for a in first {
+        for b in then {
+            assert!(
+                a.acquired < b.acquired,
+                "{what}: {}'s Lease {} was led again by {} at {}, not before {}'s {} by {} at {} (the watches received them {:?} apart, {} first)",
+                a.cluster,
+                a.lease,
+                a.holder,
+                a.acquired,
+                b.cluster,
+                b.lease,
+                b.holder,
+                b.acquired,
+                if a.seen < b.seen {
+                    b.seen - a.seen
+                } else {
+                    a.seen - b.seen
+                },
+                if a.seen < b.seen {
+                    &a.cluster
+                } else {
+                    &b.cluster
+                }
+            );
+        }
     }
 }
 
