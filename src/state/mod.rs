@@ -504,8 +504,11 @@ impl State {
                 .stale("Deployment", self.stale_after)
         };
         let client = match (&cached, &blind, &self.client) {
-            (Some(d), None, _) => return (DeploymentLookup::Known(d.clone()), stale()),
-            (_, _, None) => return (DeploymentLookup::Missing, None),
+            // A proven cache, or no API server to read (state from files): the cache as it is.
+            (Some(d), None, _) | (Some(d), _, None) => {
+                return (DeploymentLookup::Known(d.clone()), stale());
+            }
+            (None, _, None) => return (DeploymentLookup::Missing, None),
             (_, _, Some(client)) => client.clone(),
         };
         let budget = self.read_budget(deadline);
