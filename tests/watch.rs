@@ -62,6 +62,31 @@ where
     panic!("timed out waiting for: {what}");
 }
 
+/// handoff's state read from the cluster behind `proxy` by its own watches, tuned by `tune`,
+/// once every cache has listed; the watches run until the set is dropped.
+async fn watched(
+    proxy: &FaultProxy,
+    tune: impl FnOnce(&mut State),
+) -> (Arc<State>, tokio::task::JoinSet<()>) {
+    let mut state = State::new(Default::default());
+    state.client = Some(proxy.client());
+    tune(&mut state);
+    let state = Arc::new(state);
+    let mut watches = tokio::task::JoinSet::new();
+    handoff::state::cluster::spawn_watches(&mut watches, proxy.client(), state.clone());
+    eventually("caches synced", || async { state.is_synced() }).await;
+    (state, watches)
+}
+
+/// Every watch has listed since its last failure, and readiness says so.
+fn all_listed(state: &State) -> bool {
+    let w = &state.watches;
+    [&w.namespaces, &w.windows, &w.deployments]
+        .iter()
+        .all(|w| w.failing_for().is_none())
+        && state.readiness().is_ok()
+}
+
 async fn allowed(server: &TestServer, path: &str, body: &[u8]) -> serde_json::Value {
     let mut c = server.connect(Proto::H1).await;
     let r = c.review(path, body.to_vec()).await;
@@ -131,14 +156,11 @@ async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
         return;
     }
     let (_api, proxy) = cluster(NS, false).await;
-    let mut state = State::new(Default::default());
-    state.client = Some(proxy.client());
-    state.api_timeout = Duration::from_secs(1);
-    state.stale_after = Duration::from_millis(300);
-    let state = Arc::new(state);
-    let mut watches = tokio::task::JoinSet::new();
-    handoff::state::cluster::spawn_watches(&mut watches, proxy.client(), state.clone());
-    eventually("caches synced", || async { state.is_synced() }).await;
+    let (state, _watches) = watched(&proxy, |s| {
+        s.api_timeout = Duration::from_secs(1);
+        s.stale_after = Duration::from_millis(300);
+    })
+    .await;
     let server = TestServer::start_with(state.clone(), Options::default()).await;
     let delete = fixture("delete-configmap-by-syncer.json");
     assert_eq!(allowed(&server, GUARD, &delete).await["allowed"], true);
@@ -183,14 +205,7 @@ async fn a_watch_that_keeps_failing_makes_the_cache_stale_then_recovers() {
     assert_eq!(r["allowed"], true);
 
     proxy.set_unavailable(false);
-    eventually("the watches to recover", || async {
-        let w = &state.watches;
-        state.readiness().is_ok()
-            && [&w.namespaces, &w.windows, &w.deployments]
-                .iter()
-                .all(|w| w.failing_for().is_none())
-    })
-    .await;
+    eventually("the watches to recover", || async { all_listed(&state) }).await;
     assert_eq!(allowed(&server, GUARD, &delete).await["allowed"], true);
     server.stop().await;
 }
@@ -228,21 +243,18 @@ async fn a_failed_watch_is_blind_from_its_first_error_and_the_api_is_read_instea
         3,
     ))
     .await;
-    let mut state = State::new(Default::default());
-    state.client = Some(proxy.client());
-    state.api_timeout = Duration::from_secs(2);
-    // Neither staleness nor a quiet watch plays a part here: only the failure itself.
-    state.stale_after = Duration::from_secs(3600);
-    state.max_staleness = Duration::from_secs(3600);
-    let state = Arc::new(state);
-    let mut watches = tokio::task::JoinSet::new();
-    handoff::state::cluster::spawn_watches(&mut watches, proxy.client(), state.clone());
-    eventually("caches synced", || async {
-        state.is_synced()
-            && state
-                .deployments
-                .get("capi-system", "capi-controller-manager")
-                .is_some()
+    let (state, _watches) = watched(&proxy, |s| {
+        s.api_timeout = Duration::from_secs(2);
+        // Neither staleness nor a quiet watch plays a part here: only the failure itself.
+        s.stale_after = Duration::from_secs(3600);
+        s.max_staleness = Duration::from_secs(3600);
+    })
+    .await;
+    eventually("the scale fixture's Deployment cached", || async {
+        state
+            .deployments
+            .get("capi-system", "capi-controller-manager")
+            .is_some()
     })
     .await;
     let server = TestServer::start_with(state.clone(), Options::default()).await;
@@ -371,14 +383,7 @@ async fn a_failed_watch_is_blind_from_its_first_error_and_the_api_is_read_instea
     // The watches list again: their views count again, and nothing is read.
     proxy.set_unavailable(false);
     proxy.fail_watches(false);
-    eventually("the watches to list again", || async {
-        let w = &state.watches;
-        [&w.namespaces, &w.windows, &w.deployments]
-            .iter()
-            .all(|w| w.failing_for().is_none())
-            && state.readiness().is_ok()
-    })
-    .await;
+    eventually("the watches to list again", || async { all_listed(&state) }).await;
     let reads = count(&ns_read);
     let r = allowed(&server, GUARD, &delete).await;
     assert_eq!(r["allowed"], false, "the relisted view holds: {r}");

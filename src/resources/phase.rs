@@ -21,7 +21,7 @@ pub struct UnknownPhase {
 }
 
 macro_rules! phases {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
+    ($(#[$doc:meta])* $name:ident ($what:literal) { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
         #[serde(from = "String", into = "String")]
@@ -40,6 +40,18 @@ macro_rules! phases {
                 match self {
                     $($name::$variant => $text,)*
                     $name::Unknown(s) => s,
+                }
+            }
+
+            /// `Ok` for a phase this version knows; `window` names the record, for the error.
+            pub fn known(&self, window: &str) -> Result<&Self, UnknownPhase> {
+                match self {
+                    $name::Unknown(s) => Err(UnknownPhase {
+                        window: window.to_string(),
+                        what: $what,
+                        phase: s.clone(),
+                    }),
+                    _ => Ok(self),
                 }
             }
         }
@@ -69,7 +81,7 @@ macro_rules! phases {
 
 phases! {
     /// Where a window stands.
-    WindowPhase {
+    WindowPhase("phase") {
         /// `open` is stopping what the window selects.
         Opening = "Opening",
         /// Every selected controller is proven stopped.
@@ -83,7 +95,7 @@ phases! {
 
 phases! {
     /// Where a `handoff move` stands, as the target's window records it.
-    MovePhase {
+    MovePhase("move phase") {
         /// An `--abort` of a move that had recorded nothing left a record of no move: as good
         /// as none.
         Unrecorded = "",
@@ -126,45 +138,6 @@ impl MovePhase {
     }
 }
 
-/// `Ok` for a phase this version knows.
-pub fn known<'a, P>(phase: &'a P, window: &str, what: &'static str) -> Result<&'a P, UnknownPhase>
-where
-    P: PhaseName,
-{
-    match phase.unknown() {
-        None => Ok(phase),
-        Some(p) => Err(UnknownPhase {
-            window: window.to_string(),
-            what,
-            phase: p.to_string(),
-        }),
-    }
-}
-
-/// What `known` needs of a phase type.
-pub trait PhaseName {
-    /// The phase as written, if this version does not know it.
-    fn unknown(&self) -> Option<&str>;
-}
-
-impl PhaseName for WindowPhase {
-    fn unknown(&self) -> Option<&str> {
-        match self {
-            WindowPhase::Unknown(s) => Some(s),
-            _ => None,
-        }
-    }
-}
-
-impl PhaseName for MovePhase {
-    fn unknown(&self) -> Option<&str> {
-        match self {
-            MovePhase::Unknown(s) => Some(s),
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,14 +160,14 @@ mod tests {
         let later = serde_json::from_str::<MovePhase>(r#""Verifying""#).unwrap();
         assert_eq!(later, MovePhase::Unknown("Verifying".into()));
         assert_eq!(serde_json::to_string(&later).unwrap(), r#""Verifying""#);
-        let e = known(&later, "move-ns1", "move phase").unwrap_err();
+        let e = later.known("move-ns1").unwrap_err();
         assert!(
             e.to_string().contains("records move phase \"Verifying\"")
                 && e.to_string().contains("move-ns1")
                 && e.to_string().contains("changes nothing"),
             "{e}"
         );
-        assert!(known(&MovePhase::Copying, "w", "move phase").is_ok());
+        assert!(MovePhase::Copying.known("w").is_ok());
     }
 
     /// The book's "If a move stops" table names each phase a killed `handoff move` can leave
@@ -218,7 +191,7 @@ mod tests {
         for row in &rows {
             let phase = MovePhase::from(row.to_string());
             assert!(
-                known(&phase, "-", "move phase").is_ok(),
+                phase.known("-").is_ok(),
                 "the book's row {row:?} is no MovePhase"
             );
         }

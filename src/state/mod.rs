@@ -126,8 +126,7 @@ impl WatchHealth {
 
     /// How long it has been failing (`None`: it is not).
     pub fn failing_for(&self) -> Option<Duration> {
-        let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        f.as_ref().map(|(since, _)| since.elapsed())
+        self.failure().map(|(d, _)| d)
     }
 
     /// Why the view this watch fed proves nothing now, if it has failed since it last listed:
@@ -135,25 +134,27 @@ impl WatchHealth {
     /// knows it is blind at once, and an event missed meanwhile (a hold added, a window opened)
     /// may be the one that matters.
     pub fn blind(&self, what: &str) -> Option<String> {
-        let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        let (since, error) = f.as_ref()?;
+        let (failing_for, error) = self.failure()?;
         Some(format!(
             "the {what} watch failed {:.1}s ago ({error}) and has not listed again",
-            since.elapsed().as_secs_f64()
+            failing_for.as_secs_f64()
         ))
+    }
+
+    /// How long it has been failing, and its last error.
+    fn failure(&self) -> Option<(Duration, String)> {
+        let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        f.as_ref()
+            .map(|(since, error)| (since.elapsed(), error.clone()))
     }
 
     /// Why the cache is stale, if it has been failing for longer than `after`.
     pub fn stale(&self, what: &str, after: Duration) -> Option<String> {
-        let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        let (since, error) = f.as_ref()?;
-        let failing_for = since.elapsed();
-        (failing_for > after).then(|| {
-            format!(
-                "the {what} watch has been failing for {}s ({error}); the cache may be stale",
-                failing_for.as_secs()
-            )
-        })
+        let (failing_for, error) = self.failure().filter(|(d, _)| *d > after)?;
+        Some(format!(
+            "the {what} watch has been failing for {}s ({error}); the cache may be stale",
+            failing_for.as_secs()
+        ))
     }
 }
 

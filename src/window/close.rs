@@ -1,7 +1,6 @@
 //! `handoff window close`: set the window Closed, restore every Scale-stopped Deployment,
 //! release every held Lease and wait until each controller runs or leads again.
 
-use crate::resources::move_window::WindowPhase;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::Duration;
@@ -22,6 +21,7 @@ use super::standby;
 use crate::resources::move_window::{
     HeldLease, MoveWindow, MoveWindowStatus, PinnedDeployment, Strategy, WindowState,
 };
+use crate::resources::phase::WindowPhase;
 use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
 use crate::rules::selector::Selector;
 

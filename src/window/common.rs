@@ -1,7 +1,6 @@
 //! What every `handoff window` command shares: the clusters, the errors, reading the selected
 //! Deployments and recording progress in the window's status.
 
-use crate::resources::phase::known;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -195,11 +194,8 @@ pub async fn record(
         let unknown = status
             .phase
             .as_ref()
-            .and_then(|p| known(p, name, "phase").err())
-            .or_else(|| {
-                let m = status.move_record.as_ref()?;
-                known(&m.phase, name, "move phase").err()
-            });
+            .and_then(|p| p.known(name).err())
+            .or_else(|| status.move_record.as_ref()?.phase.known(name).err());
         if let Some(e) = unknown {
             return Err(WindowError::Refused {
                 cluster: c.label.clone(),

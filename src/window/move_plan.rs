@@ -9,11 +9,11 @@
 //! (`waitReadyForMove`: 5 s × 1.5, 10 attempts per object, about 6 minutes), create in the
 //! target in owner order, delete from the source, unpause the target.
 
-use crate::resources::phase::{MovePhase, UnknownPhase, known};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::resources::move_window::MoveRecord;
+use crate::resources::phase::{MovePhase, UnknownPhase};
 
 /// clusterctl's annotation: an object that carries it at discovery holds the move until it is
 /// removed (`clusterctlv1.BlockMoveAnnotation`).
@@ -84,7 +84,7 @@ pub fn start(
         return Ok(Start::Fresh);
     };
     // Nothing is resumed, aborted or started over a record this version cannot read.
-    known(&r.phase, window, "move phase")?;
+    r.phase.known(window)?;
     // An unrecorded phase is no move: an --abort of a move that had recorded nothing used to
     // leave such a record (of no namespace), which would refuse every later move.
     if r.phase.is_over() {

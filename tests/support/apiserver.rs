@@ -128,6 +128,43 @@ pub fn spawn(mut cmd: Command) -> std::io::Result<Child> {
     rx.recv().expect("keeper answers")
 }
 
+/// `kubectl --kubeconfig KUBECONFIG get ARGS -w --output-watch-events -o json`: each event (its
+/// `type` and `object`) handed to `on_event` as it arrives, on a thread of its own, until the
+/// stream ends, a line does not parse, or `on_event` says `false`; `ended` is set then. The
+/// caller owns the child: killing it ends the watch.
+pub fn kubectl_watch(
+    kubeconfig: &Path,
+    args: &[&str],
+    ended: Arc<std::sync::atomic::AtomicBool>,
+    mut on_event: impl FnMut(&str, serde_json::Value) -> bool + Send + 'static,
+) -> Child {
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("get")
+        .args(args)
+        .args(["-w", "--output-watch-events", "-o", "json"])
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = spawn(cmd).expect("kubectl get -w");
+    let stdout = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        let stream = serde_json::Deserializer::from_reader(std::io::BufReader::new(stdout))
+            .into_iter::<serde_json::Value>();
+        for v in stream {
+            let Ok(mut v) = v else { break };
+            let kind = v["type"].as_str().unwrap_or("").to_string();
+            if !on_event(&kind, v["object"].take()) {
+                break;
+            }
+        }
+        ended.store(true, Ordering::SeqCst);
+    });
+    child
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())

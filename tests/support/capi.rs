@@ -12,7 +12,7 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufReader, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use super::apiserver::{Handoff, spawn, text};
+use super::apiserver::{Handoff, kubectl_watch, text};
 
 /// The provider namespaces, their Deployment, and its leader-election Lease (as the shipped
 /// manifests name them).
@@ -634,31 +634,21 @@ pub struct Watch {
 
 impl Watch {
     pub fn start(m: &Mgmt, args: &[&str]) -> Watch {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(&m.kubeconfig)
-            .arg("get")
-            .args(args)
-            .args(["-w", "--output-watch-events", "-o", "json"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        let mut child = spawn(cmd).expect("kubectl get -w");
-        let stdout = child.stdout.take().expect("stdout");
         let events = Arc::new(Mutex::new(Vec::new()));
         let sink = events.clone();
-        std::thread::spawn(move || {
-            let stream =
-                serde_json::Deserializer::from_reader(BufReader::new(stdout)).into_iter::<Value>();
-            for v in stream.flatten() {
-                let e = Event {
+        let child = kubectl_watch(
+            &m.kubeconfig,
+            args,
+            Default::default(),
+            move |kind, object| {
+                sink.lock().unwrap().push(Event {
                     at: wall(),
-                    kind: v["type"].as_str().unwrap_or("").to_string(),
-                    object: v["object"].clone(),
-                };
-                sink.lock().unwrap().push(e);
-            }
-        });
+                    kind: kind.to_string(),
+                    object,
+                });
+                true
+            },
+        );
         Watch {
             what: format!("{}: {}", m.name, args.join(" ")),
             events,

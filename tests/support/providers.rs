@@ -16,7 +16,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::io::{BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,7 +32,7 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 
-use super::apiserver::{ADMIN, ApiServer, spawn, text};
+use super::apiserver::{ADMIN, ApiServer, kubectl_watch, spawn, text};
 
 /// The Lease name a stand-in uses without `--leader-election-id` (Cluster API core's).
 pub const DEFAULT_LEASE: &str = "controller-leader-election-capi";
@@ -798,44 +798,28 @@ impl LeaseWatch {
     /// Start watching, and return once the list has come in with every Lease of `leases`
     /// (`namespace/name`) in it: from then on each of their writes is seen.
     pub fn start(api: &ApiServer, cluster: &str, leases: &[String]) -> LeaseWatch {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(api.kubeconfig(ADMIN))
-            .args([
-                "get",
-                "leases.coordination.k8s.io",
-                "-A",
-                "-w",
-                "--output-watch-events",
-                "-o",
-                "json",
-            ])
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        let mut child = spawn(cmd).expect("kubectl get leases -w");
-        let stdout = child.stdout.take().expect("stdout");
         let events = Arc::new(Mutex::new(Vec::new()));
         let ended = Arc::new(AtomicBool::new(false));
-        let (sink, end) = (events.clone(), ended.clone());
-        std::thread::spawn(move || {
-            let stream =
-                serde_json::Deserializer::from_reader(BufReader::new(stdout)).into_iter::<Value>();
-            for v in stream {
-                let Ok(v) = v else { break };
+        let sink = events.clone();
+        let child = kubectl_watch(
+            &api.kubeconfig(ADMIN),
+            &["leases.coordination.k8s.io", "-A"],
+            ended.clone(),
+            move |kind, object| {
                 let at = Instant::now();
-                let lease: Lease = match serde_json::from_value(v["object"].clone()) {
-                    Ok(l) => l,
-                    Err(_) => break,
+                let Ok(lease) = serde_json::from_value::<Lease>(object) else {
+                    return false;
                 };
-                let kind = v["type"].as_str().unwrap_or("").to_string();
                 sink.lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .push(LeaseEvent { at, kind, lease });
-            }
-            end.store(true, Ordering::SeqCst);
-        });
+                    .push(LeaseEvent {
+                        at,
+                        kind: kind.to_string(),
+                        lease,
+                    });
+                true
+            },
+        );
         let w = LeaseWatch {
             cluster: cluster.into(),
             events,

@@ -2,7 +2,6 @@
 //! source's controllers are proven stopped, then is lifted so that clusterctl copies; and
 //! `--dry-run`, which runs clusterctl's own dry run beside handoff's plan.
 
-use crate::resources::move_window::MovePhase;
 use std::io::Write;
 
 use serde_json::json;
@@ -14,6 +13,7 @@ use super::super::open::{OpenOptions, Taken, first_taken, plan_open, prove, take
 use super::child::{Child, ExitStatus, Signals};
 use super::cluster_api::{self, CLUSTERS, clusters_in, scan};
 use super::{MoveOptions, note, phase};
+use crate::resources::phase::MovePhase;
 
 /// Remove handoff's block-move from every Cluster of `ns` that carries it (and only
 /// handoff's): it must never be copied to the target or hold the next move.

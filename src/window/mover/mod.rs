@@ -8,7 +8,6 @@ mod cluster_api;
 mod clusterctl;
 mod restore;
 
-use crate::resources::move_window::MovePhase;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,6 +20,7 @@ use super::common::{Cluster, Result, WindowError, now, read_window, record};
 use super::move_plan::{self, BLOCK_MOVE, ClusterSeen, ClusterctlFlags, PAUSED_ANNOTATION, Start};
 use super::open::{OpenOptions, Taken, check, first_taken, open, prove, ready_standbys, take};
 use crate::resources::move_window::{MoveRecord, WindowState};
+use crate::resources::phase::MovePhase;
 use child::Signals;
 use cluster_api::{CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in, scan, secrets_in};
 use clusterctl::{SourceStop, dry_run, lift_block_move, render_args, run_clusterctl};

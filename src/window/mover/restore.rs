@@ -1,7 +1,6 @@
 //! The way back in `handoff move`: each cluster's window closed in order, what clusterctl
 //! paused unpaused, the closing report, and `--abort`.
 
-use crate::resources::move_window::MovePhase;
 use std::io::Write;
 
 use k8s_openapi::jiff::Timestamp;
@@ -15,6 +14,7 @@ use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in
 use super::clusterctl::lift_block_move;
 use super::{MoveOptions, note, phase, read_record, resumed};
 use crate::resources::move_window::{MoveRecord, MoveRole, Strategy};
+use crate::resources::phase::MovePhase;
 
 /// Unpause what clusterctl paused: Clusters (`spec.paused`) and ClusterClasses (the paused
 /// annotation), as a re-run needs them.

@@ -6,7 +6,6 @@ mod by_lease;
 mod by_scale;
 mod choose;
 
-use crate::resources::move_window::WindowPhase;
 use std::io::Write;
 use std::time::Duration;
 
@@ -26,6 +25,7 @@ use crate::resources::move_window::{
     HeldLease, MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, StopPolicy,
     Strategy, WindowState,
 };
+use crate::resources::phase::WindowPhase;
 use crate::rules::move_window::OwnDeployment;
 use crate::rules::selector::Selector;
 use by_lease::{leased_record, proven_at, take_leases};
