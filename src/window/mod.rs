@@ -9,6 +9,7 @@
 mod close;
 mod common;
 mod lease;
+pub mod move_next;
 pub mod move_plan;
 mod mover;
 mod open;

@@ -1,30 +1,29 @@
 //! `handoff move`: `clusterctl move` as a child process, with both clusters' controllers
-//! stopped around it in the order clusterctl needs, and a way back. What to do comes from
-//! `move_plan`; the windows come from `open` and `close`. This file is the move itself,
-//! phase by phase; `clusterctl` runs it, `restore` is the way back.
+//! stopped around it in the order clusterctl needs, and a way back. `move_next` decides each
+//! step; this file is the driver (read, ask, perform, come back) and `steps` performs them, one
+//! function each; `clusterctl` runs clusterctl, `restore` brings the controllers back.
 
 mod child;
 mod cluster_api;
 mod clusterctl;
 mod restore;
+mod steps;
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::time::Instant;
 
-use super::close::{CloseOptions, close};
-use super::common::{Cluster, Result, WindowError, now, read_window, record};
-use super::move_plan::{self, BLOCK_MOVE, ClusterSeen, ClusterctlFlags, PAUSED_ANNOTATION, Start};
-use super::open::{OpenOptions, Taken, check, first_taken, open, prove, ready_standbys, take};
-use crate::resources::move_window::{MoveRecord, WindowState};
-use crate::resources::phase::MovePhase;
+use super::close::{CloseOptions, Restored};
+use super::common::{Cluster, Result, WindowError, read_window, record};
+use super::move_next::{self, Asked, Observed, Outcome, Run, Step};
+use super::move_plan::ClusterctlFlags;
+use super::open::{OpenOptions, Taken};
+use crate::resources::move_window::{MoveRecord, MoveRole};
 use child::Signals;
-use cluster_api::{CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in, scan, secrets_in};
-use clusterctl::{SourceStop, dry_run, lift_block_move, render_args, run_clusterctl};
-use restore::{abort, finish, restore, unpause, unpause_what_clusterctl_paused};
+use cluster_api::{CLUSTER_CLASSES, clusters_in, paused_in, scan, secrets_in};
+use clusterctl::dry_run;
 
 #[derive(Debug, Clone)]
 pub struct MoveOptions {
@@ -80,17 +79,15 @@ async fn write_record(
     }
 }
 
-/// Where an unfinished move resumes, from what the clusters hold now. clusterctl deletes from
-/// the source only once it has created everything in the target: an object marked or being
-/// deleted in the source, or one the target holds and the source no longer does, says the
-/// deletes have begun.
-async fn resumed(
+/// Whether clusterctl had begun deleting from the source. It deletes only once it has created
+/// everything in the target: an object marked or being deleted in the source, or one the
+/// target holds and the source no longer does, says the deletes have begun.
+async fn deleting(
     source: &Cluster,
     target: &Cluster,
-    r: &MoveRecord,
+    ns: &str,
     out: &mut dyn Write,
-) -> Result<Start> {
-    let ns = &r.namespace;
+) -> Result<bool> {
     let (mut s, mut t) = (scan(source, ns).await?, scan(target, ns).await?);
     match (secrets_in(source, ns).await?, secrets_in(target, ns).await?) {
         (Some(ss), Some(ts)) => {
@@ -105,13 +102,7 @@ async fn resumed(
             );
         }
     }
-    let deleting = !s.deleting.is_empty() || t.objects.iter().any(|o| !s.objects.contains(o));
-    Ok(move_plan::resume(
-        r,
-        &clusters_in(source, ns).await?,
-        &clusters_in(target, ns).await?,
-        deleting,
-    ))
+    Ok(!s.deleting.is_empty() || t.objects.iter().any(|o| !s.objects.contains(o)))
 }
 
 /// A phase: its name on a line, its duration when it ends.
@@ -136,332 +127,115 @@ impl Phase {
     }
 }
 
-/// Run the whole move, or resume it, or abort it.
+/// One run of `handoff move` (or its `--abort`): the clusters, what the steps hand on to
+/// each other, and where output goes.
+struct Mover<'a> {
+    source: &'a Cluster,
+    target: &'a Cluster,
+    opts: &'a MoveOptions,
+    /// The namespace moved (an `--abort`'s: the recorded one).
+    ns: String,
+    /// How each cluster's window is opened (its reason names the move).
+    source_opts: OpenOptions,
+    target_opts: OpenOptions,
+    /// SIGINT and SIGTERM, caught from the checks until clusterctl has exited.
+    signals: Option<Signals>,
+    /// The target's controllers, taken and not yet proven (the source's stop proves them).
+    target_taken: Vec<Taken>,
+    restored: Vec<Restored>,
+    started: Instant,
+    out: &'a mut dyn Write,
+}
+
+impl Mover<'_> {
+    fn cluster(&self, role: MoveRole) -> &Cluster {
+        match role {
+            MoveRole::Source => self.source,
+            MoveRole::Target => self.target,
+        }
+    }
+
+    fn refused(&self, role: MoveRole, message: impl Into<String>) -> WindowError {
+        WindowError::Refused {
+            cluster: self.cluster(role).label.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// What `next` needs read, beside the record.
+    async fn observe(
+        &mut self,
+        asked: &Asked,
+        r: Option<&MoveRecord>,
+        run: &Run,
+    ) -> Result<Observed> {
+        let (clusters, deletes) = move_next::reads(asked, r, run);
+        let (source, target, ns) = (self.source, self.target, self.ns.clone());
+        let mut seen = Observed::default();
+        if clusters {
+            seen.source = clusters_in(source, &ns).await?;
+            seen.target = clusters_in(target, &ns).await?;
+            seen.classes = paused_in(source, &ns, CLUSTER_CLASSES).await?;
+        }
+        if deletes {
+            seen.deleting = deleting(source, target, &ns, self.out).await?;
+        }
+        Ok(seen)
+    }
+}
+
+/// Run the whole move, or resume it, or abort it: read, ask `move_next::next`, perform the
+/// one step, and again, until it says done.
 pub async fn run(
     source: &Cluster,
     target: &Cluster,
     opts: &MoveOptions,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let started = Instant::now();
     if opts.flags.dry_run {
         return dry_run(source, target, opts, out).await;
     }
-    let recorded = read_record(target, &opts.window).await?;
-    if opts.abort {
-        return abort(source, target, opts, recorded.as_ref(), out).await;
-    }
-    let ns = opts.flags.namespace.clone();
-    let refused = |c: &Cluster, message: String| WindowError::Refused {
-        cluster: c.label.clone(),
-        message,
+    let asked = Asked {
+        window: opts.window.clone(),
+        namespace: opts.flags.namespace.clone(),
+        abort: opts.abort,
     };
-    let mut start = move_plan::start(recorded.as_ref(), &opts.window, &ns)
-        .map_err(|e| refused(target, e.to_string()))?;
-    let r = recorded.clone().unwrap_or_default();
-    if start == Start::Resume {
-        start = resumed(source, target, &r, out).await?;
-    }
-    let fresh = start == Start::Fresh;
-    let mut restored = Vec::new();
-    match start {
-        Start::RestoreOnly => {
-            let _ = writeln!(
-                out,
-                "handoff move: clusterctl already moved namespace {ns}; restoring the controllers"
-            );
-            restore(source, target, opts, &mut restored, out).await?;
-            return finish(target, opts, started, &restored, out).await;
-        }
-        Start::FinishTarget => {
-            let _ = writeln!(
-                out,
-                "handoff move: every Cluster of namespace {ns} is in the target and gone from the source; unpausing the target's, as clusterctl's last step would, then restoring the controllers"
-            );
-            let paused: Vec<String> = clusters_in(target, &ns)
-                .await?
-                .into_iter()
-                .filter(|c| c.paused && r.clusters.contains(&c.key))
-                .map(|c| c.key)
-                .collect();
-            unpause(target, &paused, &[], out).await?;
-            note(target, &opts.window, |m| {
-                m.phase = MovePhase::Restoring;
-                m.clusterctl_exit = Some(0);
-            })
-            .await?;
-            restore(source, target, opts, &mut restored, out).await?;
-            return finish(target, opts, started, &restored, out).await;
-        }
-        _ => {}
-    }
-
-    // Before anything is written: both clusters' stops must be possible.
-    let p = phase(
+    let reason = |role: &str| {
+        let mut o = opts.open.clone();
+        o.reason.get_or_insert_with(|| {
+            format!("handoff move of namespace {}: {role}", asked.namespace)
+        });
+        o
+    };
+    let mut m = Mover {
+        source,
+        target,
+        opts,
+        ns: asked.namespace.clone(),
+        source_opts: reason("source"),
+        target_opts: reason("target"),
+        signals: None,
+        target_taken: Vec::new(),
+        restored: Vec::new(),
+        started: Instant::now(),
         out,
-        "checking how each controller would be stopped, in both clusters",
-    );
-    let mut target_opts = opts.open.clone();
-    target_opts
-        .reason
-        .get_or_insert_with(|| format!("handoff move of namespace {ns}: target"));
-    let mut source_opts = opts.open.clone();
-    source_opts
-        .reason
-        .get_or_insert_with(|| format!("handoff move of namespace {ns}: source"));
-    check(std::slice::from_ref(target), &target_opts, out).await?;
-    check(std::slice::from_ref(source), &source_opts, out).await?;
-    // Its block-move wait is all that holds clusterctl's copy until both clusters are proven
-    // stopped.
-    match move_plan::block_move_honoured(&child::version(&opts.clusterctl, source).await?) {
-        Ok(()) => {}
-        Err(e @ move_plan::ClusterctlVersion::TooOld(_)) => {
-            return Err(refused(source, e.to_string()));
-        }
-        Err(e) => {
-            let _ = writeln!(out, "warning: {e}");
-        }
-    }
-    p.done(out, "checked");
-    // Said once: the opens below check again, quietly.
-    target_opts.quiet_preflight = true;
-    source_opts.quiet_preflight = true;
-    let mut signals = Signals::catch()
-        .map_err(|e| refused(source, format!("cannot catch SIGINT and SIGTERM: {e}")))?;
-
-    let source_stopped_already = start == Start::ResumeStopped;
-    match start {
-        Start::Resume => {
-            let p = phase(
-                out,
-                &format!(
-                    "resuming the move recorded in MoveWindow {} on the target (phase {}, attempt {}): putting the source back as clusterctl expects it",
-                    opts.window, r.phase, r.attempts
-                ),
-            );
-            // Providers lift their block-move only while their controllers run.
-            if read_window(source, &opts.window)
-                .await?
-                .is_some_and(|w| w.spec.state == WindowState::Open)
-            {
-                close(std::slice::from_ref(source), &opts.close, out).await?;
+    };
+    let mut run = Run::default();
+    loop {
+        let recorded = read_record(target, &opts.window).await?;
+        m.ns = move_next::namespace(&asked, recorded.as_ref());
+        let seen = m.observe(&asked, recorded.as_ref(), &run).await?;
+        let step = move_next::next(&asked, recorded.as_ref(), &seen, &run);
+        match m.perform(&step, recorded.as_ref(), &seen, &run).await {
+            Ok(Some(outcome)) => run.clusterctl = Some(outcome),
+            Ok(None) if step == Step::Done => return Ok(()),
+            Ok(None) => {}
+            Err(e) if step.fails_into_outcome() => {
+                run.clusterctl = Some(Outcome::Stopped(format!("handoff move stopped: {e}")));
+                continue;
             }
-            // It runs again: its stop counts anew.
-            note(target, &opts.window, |m| m.source_stopped_at = None).await?;
-            unpause_what_clusterctl_paused(source, target, opts, &r, out).await?;
-            p.done(out, "the source runs again, the target stays stopped");
+            Err(e) => return Err(e),
         }
-        Start::ResumeStopped => {
-            let p = phase(
-                out,
-                &format!(
-                    "resuming the move recorded in MoveWindow {} (phase {}, attempt {}): clusterctl had begun deleting from the source, so the source's controllers stay stopped (they would re-create what was deleted) and clusterctl finishes the copy and the deletes",
-                    opts.window, r.phase, r.attempts
-                ),
-            );
-            open(std::slice::from_ref(source), &source_opts, out).await?;
-            note(target, &opts.window, |m| {
-                m.source_stopped_at.get_or_insert_with(now);
-            })
-            .await?;
-            // Nothing reconciles them: every source controller is stopped.
-            unpause_what_clusterctl_paused(source, target, opts, &r, out).await?;
-            p.done(
-                out,
-                "the source stays stopped, its Clusters unpaused for clusterctl",
-            );
-        }
-        _ => {}
+        run.performed(&step);
     }
-    let clusters = clusters_in(source, &ns).await?;
-    let classes = paused_in(source, &ns, CLUSTER_CLASSES).await?;
-    let paused: Vec<String> = clusters
-        .iter()
-        .chain(&classes)
-        .filter(|c| c.paused)
-        .map(|c| c.key.clone())
-        .collect();
-    if !paused.is_empty() {
-        return Err(refused(
-            source,
-            format!(
-                "these are paused, and clusterctl move refuses to start while any Cluster or ClusterClass is (since v1.12): {}; unpause them (kubectl -n {ns} patch clusters.cluster.x-k8s.io NAME --type merge -p '{{\"spec\":{{\"paused\":false}}}}'; a ClusterClass: remove its {PAUSED_ANNOTATION} annotation) or move without them",
-                paused.join(", ")
-            ),
-        ));
-    }
-    // Where the source is stopped already, nothing needs holding; else every Cluster gets
-    // handoff's block-move, or the move does not start.
-    let add = match source_stopped_already {
-        true => vec![],
-        false => move_plan::add_block_move(&clusters, &opts.window)
-            .map_err(|e| refused(source, e.to_string()))?,
-    };
-
-    // 1. The target's controllers: taken now, proven stopped before anything is created
-    // there. The proof (the former leaders' lease duration) runs while clusterctl starts,
-    // pauses the source and waits on handoff's block-move, and ends together with the
-    // source's, right before the lift: one Lease bound per move, not two in a row.
-    let p = phase(out, "stopping the target's controllers");
-    let target_taken = take(std::slice::from_ref(target), &target_opts, out).await?;
-    let first = first_taken(&target_taken);
-    let proven_at = target_taken
-        .iter()
-        .map(Taken::proven_at)
-        .max()
-        .map(|t| t.to_string());
-    let keys = |v: &[ClusterSeen]| v.iter().map(|c| c.key.clone()).collect::<Vec<_>>();
-    let (cluster_keys, class_keys) = (keys(&clusters), keys(&classes));
-    begin(target, &opts.window, |m| {
-        let mut at_start = m.clusters.clone();
-        at_start.extend(cluster_keys.iter().cloned());
-        at_start.sort();
-        at_start.dedup();
-        // Kept across re-runs: the stop counts from the first take-over.
-        let (t, s) = match fresh {
-            true => (None, None),
-            false => (m.target_stopped_at.take(), m.source_stopped_at.take()),
-        };
-        *m = MoveRecord {
-            phase: MovePhase::StoppingTarget,
-            namespace: ns.clone(),
-            started_at: Some(now()),
-            attempts: m.attempts + 1,
-            clusters: at_start,
-            cluster_classes: class_keys.clone(),
-            target_stopped_at: t.or_else(|| Some(first.clone())),
-            source_stopped_at: s,
-            ..MoveRecord::default()
-        };
-    })
-    .await?;
-    // Where the source is stopped already there is no block-move to hold clusterctl: the
-    // target is proven before clusterctl starts.
-    let target_taken = match source_stopped_already {
-        true => {
-            prove(&target_taken, out).await?;
-            p.done(out, "the target's controllers are stopped");
-            vec![]
-        }
-        false => {
-            p.done(
-                out,
-                &format!(
-                    "the target's controllers are held; proven stopped at {}, while clusterctl starts and waits",
-                    proven_at.as_deref().unwrap_or("once taken")
-                ),
-            );
-            target_taken
-        }
-    };
-
-    // From here on every way out lifts handoff's block-move and records why.
-    let moved = async {
-        // The source's standbys now, while its controllers run: its stop, once clusterctl
-        // has paused it, then only takes the Leases.
-        if !source_stopped_already {
-            ready_standbys(source, &source_opts, out).await?;
-        }
-        // 2. handoff's block-move on each source Cluster, so that clusterctl's wait includes
-        // handoff's: recorded before written, so a run that dies after the write still lifts it.
-        note(target, &opts.window, |m| {
-            m.phase = MovePhase::Moving;
-            m.block_move = add.clone();
-        })
-        .await?;
-        for key in &add {
-            cluster_api::patch(
-                source,
-                CLUSTERS,
-                key,
-                json!({"metadata": {"annotations": {BLOCK_MOVE: move_plan::block_move_value(&opts.window)}}}),
-                "putting handoff's block-move on",
-            )
-            .await?;
-        }
-        if !add.is_empty() {
-            let _ = writeln!(
-                out,
-                "source: {BLOCK_MOVE} on Cluster {} until the source's controllers are stopped",
-                add.join(", ")
-            );
-        }
-        if let Some(sig) = signals.caught() {
-            return Err(refused(source, format!("interrupted (signal {sig}) before clusterctl started")));
-        }
-        // 3. clusterctl, while the source's controllers still run.
-        let p = phase(
-            out,
-            &format!("running {} {}", opts.clusterctl.display(), render_args(&opts.flags)),
-        );
-        let stop = match source_stopped_already {
-            true => SourceStop::Already,
-            false => SourceStop::AfterPause { opts: &source_opts, target: target_taken },
-        };
-        let ran = run_clusterctl(source, target, stop, opts, &mut signals, out).await?;
-        p.done(out, &format!("clusterctl exited {}", ran.status.describe()));
-        Ok(ran)
-    }
-    .await;
-    signals.release();
-    // Never leave handoff's block-move behind, whatever happened.
-    let lifted = lift_block_move(source, target, &opts.window, &ns).await;
-    if let Err(e) = &lifted {
-        let _ = writeln!(
-            out,
-            "warning: {e}; run the same command again to lift handoff's {BLOCK_MOVE}"
-        );
-    }
-    let ran = match moved {
-        Ok(ran) if ran.status.code == Some(0) => ran,
-        Ok(ran) => {
-            let what = format!(
-                "clusterctl move exited {}{}",
-                ran.status.describe(),
-                if ran.interrupted {
-                    " (handoff was interrupted and passed the signal on)"
-                } else {
-                    ""
-                }
-            );
-            let code = ran.status.exit_code();
-            note(target, &opts.window, |m| {
-                m.phase = MovePhase::Failed;
-                m.clusterctl_exit = Some(ran.status.code.unwrap_or(-1));
-                m.error = Some(what.clone());
-            })
-            .await?;
-            return Err(WindowError::Clusterctl {
-                code,
-                help: move_plan::failure_help(&opts.flags, &opts.window, &opts.clusterctl, &what),
-            });
-        }
-        Err(e) => {
-            let what = format!("handoff move stopped: {e}");
-            let _ = note(target, &opts.window, |m| {
-                m.phase = MovePhase::Failed;
-                m.error = Some(what.clone());
-            })
-            .await;
-            return Err(WindowError::Clusterctl {
-                code: 1,
-                help: move_plan::failure_help(&opts.flags, &opts.window, &opts.clusterctl, &what),
-            });
-        }
-    };
-    if ran.source_stopped.is_none() {
-        let _ = writeln!(
-            out,
-            "warning: clusterctl finished without waiting for handoff's block-move (does this clusterctl honour clusterctl.cluster.x-k8s.io/block-move?): neither cluster's controllers were proven stopped before the copy"
-        );
-    }
-    note(target, &opts.window, |m| {
-        m.phase = MovePhase::Restoring;
-        m.clusterctl_exit = Some(0);
-        m.error = None;
-    })
-    .await?;
-    // 4. Back: the target's first, then the source's.
-    restore(source, target, opts, &mut restored, out).await?;
-    finish(target, opts, started, &restored, out).await
 }

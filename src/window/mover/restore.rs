@@ -1,5 +1,5 @@
 //! The way back in `handoff move`: each cluster's window closed in order, what clusterctl
-//! paused unpaused, the closing report, and `--abort`.
+//! paused unpaused, and what is reported at the end of a move and of an `--abort`.
 
 use std::io::Write;
 
@@ -8,11 +8,10 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::super::close::{Restored, close};
-use super::super::common::{Cluster, Result, WindowError, read_window};
-use super::super::move_plan::{self, BLOCK_MOVE, PAUSED_ANNOTATION, Start};
+use super::super::common::{Cluster, Result, read_window};
+use super::super::move_plan::{self, PAUSED_ANNOTATION};
 use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in};
-use super::clusterctl::lift_block_move;
-use super::{MoveOptions, note, phase, read_record, resumed};
+use super::{MoveOptions, note, phase, read_record};
 use crate::resources::move_window::{MoveRecord, MoveRole, Strategy};
 use crate::resources::phase::MovePhase;
 
@@ -81,55 +80,35 @@ pub async fn unpause_what_clusterctl_paused(
     note(target, &opts.window, |m| m.paused_by_clusterctl.clear()).await
 }
 
-/// Close the target's window (its controllers lead again), then the source's, and record
-/// when each was done.
-pub async fn restore(
-    source: &Cluster,
+/// Close one cluster's window (one that has none is skipped: an `--abort` of a move that never
+/// opened it), and record when its controllers first ran again: a re-run that finds it
+/// restored keeps it.
+pub async fn restore_one(
+    c: &Cluster,
     target: &Cluster,
     opts: &MoveOptions,
     restored: &mut Vec<Restored>,
     out: &mut dyn Write,
 ) -> Result<()> {
-    restore_each([target, source], opts, restored, out).await?;
-    Ok(())
-}
-
-/// Close the window on each cluster in the order given (one that has none is skipped); when
-/// each cluster's controllers ran again.
-pub async fn restore_each(
-    order: [&Cluster; 2],
-    opts: &MoveOptions,
-    restored: &mut Vec<Restored>,
-    out: &mut dyn Write,
-) -> Result<[Timestamp; 2]> {
-    let mut done = [Timestamp::now(); 2];
-    for (i, c) in order.into_iter().enumerate() {
-        let p = phase(out, &format!("restoring the {}'s controllers", c.label));
-        if read_window(c, &opts.window).await?.is_some() {
-            restored.extend(close(std::slice::from_ref(c), &opts.close, out).await?);
-        }
-        p.done(out, &format!("the {}'s controllers run again", c.label));
-        done[i] = Timestamp::now();
-        // When this cluster first ran again: a re-run that finds it restored keeps it.
-        let at = done[i].to_string();
-        let role = c.role;
-        let target = order
-            .iter()
-            .find(|c| c.role == Some(MoveRole::Target))
-            .unwrap_or(&order[0]);
-        note(target, &opts.window, |m| {
-            let field = match role {
-                Some(MoveRole::Source) => &mut m.source_back_at,
-                _ => &mut m.target_back_at,
-            };
-            field.get_or_insert_with(|| at.clone());
-        })
-        .await?;
+    let p = phase(out, &format!("restoring the {}'s controllers", c.label));
+    if read_window(c, &opts.window).await?.is_some() {
+        restored.extend(close(std::slice::from_ref(c), &opts.close, out).await?);
     }
-    Ok(done)
+    p.done(out, &format!("the {}'s controllers run again", c.label));
+    let at = Timestamp::now().to_string();
+    let role = c.role;
+    note(target, &opts.window, |m| {
+        let field = match role {
+            Some(MoveRole::Source) => &mut m.source_back_at,
+            _ => &mut m.target_back_at,
+        };
+        field.get_or_insert_with(|| at.clone());
+    })
+    .await
 }
 
-pub async fn finish(
+/// The move done: recorded, and how long each cluster's controllers were stopped.
+pub async fn report_done(
     target: &Cluster,
     opts: &MoveOptions,
     started: Instant,
@@ -181,91 +160,20 @@ fn stopped_for(from: Option<&str>, to: Option<&str>) -> String {
     }
 }
 
-/// `--abort`: every controller back as it was, the source's first (it still owns what was not
-/// moved), handoff's block-move lifted, and what clusterctl left behind reported. It acts on
-/// the recorded move's namespace, whatever `--namespace` says.
-pub async fn abort(
-    source: &Cluster,
-    target: &Cluster,
-    opts: &MoveOptions,
-    recorded: Option<&MoveRecord>,
+/// What an `--abort` brought back, and what clusterctl left behind for the user to decide.
+pub fn report_abort(
+    clusters: [&Cluster; 2],
+    ns: &str,
+    restored: &[Restored],
+    paused: &[String],
+    copied: &[String],
     out: &mut dyn Write,
-) -> Result<()> {
-    let ns = recorded
-        .map(|r| r.namespace.clone())
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| opts.flags.namespace.clone());
-    let _ = writeln!(
-        out,
-        "handoff move --abort: {}",
-        match recorded {
-            Some(r) => format!(
-                "the move of namespace {} recorded in MoveWindow {} (phase {})",
-                r.namespace, opts.window, r.phase
-            ),
-            None => format!(
-                "no move recorded in MoveWindow {}; restoring whatever it stopped",
-                opts.window
-            ),
-        }
-    );
-    if ns != opts.flags.namespace {
-        let _ = writeln!(
-            out,
-            "note: aborting the recorded move of namespace {ns}, not --namespace {}",
-            opts.flags.namespace
-        );
-    }
-    if let Some(r) = recorded {
-        let start = match move_plan::start(Some(r), &opts.window, &r.namespace) {
-            Ok(Start::Resume) => resumed(source, target, r, out).await?,
-            Ok(s) => s,
-            Err(move_plan::StartError::UnknownPhase(e)) => {
-                return Err(WindowError::Refused {
-                    cluster: target.label.clone(),
-                    message: e.to_string(),
-                });
-            }
-            // An --abort that did not finish: this one finishes it.
-            Err(_) => Start::Resume,
-        };
-        if let Some(why) = move_plan::abort_refused(&start, &ns) {
-            return Err(WindowError::Refused {
-                cluster: target.label.clone(),
-                message: why,
-            });
-        }
-        note(target, &opts.window, |m| m.phase = MovePhase::Aborting).await?;
-    }
-    let lifted = lift_block_move(source, target, &opts.window, &ns).await?;
-    if !lifted.is_empty() {
-        let _ = writeln!(
-            out,
-            "source: lifted handoff's {BLOCK_MOVE} from {}",
-            lifted.join(", ")
-        );
-    }
-    let mut restored = Vec::new();
-    restore_each([source, target], opts, &mut restored, out).await?;
-    if recorded.is_some() {
-        note(target, &opts.window, |m| m.phase = MovePhase::Aborted).await?;
-    }
-    let paused: Vec<String> = clusters_in(source, &ns)
-        .await?
-        .into_iter()
-        .filter(|c| c.paused)
-        .map(|c| c.key)
-        .collect();
-    let copied: Vec<String> = clusters_in(target, &ns)
-        .await?
-        .into_iter()
-        .map(|c| c.key)
-        .collect();
+) {
     let _ = writeln!(
         out,
         "handoff move --abort: every controller handoff stopped runs again"
     );
-    for c in [source, target] {
+    for c in clusters {
         let ds: Vec<String> = restored
             .iter()
             .filter(|r| r.cluster == c.label)
@@ -280,11 +188,11 @@ pub async fn abort(
         false => v.join(", "),
     };
     let _ = writeln!(out, "What clusterctl left behind, for you to decide:");
-    let _ = writeln!(out, "  source Clusters still paused: {}", list(&paused));
+    let _ = writeln!(out, "  source Clusters still paused: {}", list(paused));
     let _ = writeln!(
         out,
         "  Clusters in the target's namespace {ns}: {}",
-        list(&copied)
+        list(copied)
     );
     if !paused.is_empty() {
         let _ = writeln!(
@@ -292,5 +200,4 @@ pub async fn abort(
             "  unpause one to let the source reconcile it again: kubectl -n {ns} patch clusters.cluster.x-k8s.io NAME --type merge -p '{{\"spec\":{{\"paused\":false}}}}'"
         );
     }
-    Ok(())
 }

@@ -1,0 +1,504 @@
+use super::*;
+use crate::resources::phase::MovePhase;
+use MoveRole::{Source, Target};
+
+const NS: &str = "clusters";
+
+fn asked(abort: bool) -> Asked {
+    Asked {
+        window: "move-clusters".into(),
+        namespace: NS.into(),
+        abort,
+    }
+}
+
+fn c(name: &str, paused: bool) -> ClusterSeen {
+    ClusterSeen {
+        key: format!("{NS}/{name}"),
+        paused,
+        block_move: None,
+    }
+}
+
+fn record(phase: MovePhase, exit: Option<i32>) -> MoveRecord {
+    MoveRecord {
+        phase,
+        namespace: NS.into(),
+        clusters: vec![format!("{NS}/a")],
+        clusterctl_exit: exit,
+        ..MoveRecord::default()
+    }
+}
+
+/// Both clusters before a move: one running Cluster in the source, nothing in the target.
+fn before() -> Observed {
+    Observed {
+        source: vec![c("a", false)],
+        ..Observed::default()
+    }
+}
+
+/// What a step changes of what the next read sees (what clusterctl paused, unpaused).
+fn world(step: &Step, seen: &mut Observed) {
+    match step {
+        Step::PutSourceBack | Step::KeepSourceStopped => {
+            seen.source.iter_mut().for_each(|c| c.paused = false)
+        }
+        Step::UnpauseTarget(keys) => seen
+            .target
+            .iter_mut()
+            .filter(|c| keys.contains(&c.key))
+            .for_each(|c| c.paused = false),
+        _ => {}
+    }
+}
+
+/// The steps the driver would take, each performed as it succeeds, clusterctl ending with
+/// `outcome` and `failing` failing as it is performed.
+fn walk(
+    asked: &Asked,
+    record: Option<&MoveRecord>,
+    seen: &Observed,
+    outcome: Outcome,
+    failing: Option<Step>,
+) -> Vec<Step> {
+    let mut seen = seen.clone();
+    let mut run = Run::default();
+    let mut steps = Vec::new();
+    while steps.len() < 30 {
+        let step = next(asked, record, &seen, &run);
+        steps.push(step.clone());
+        match &step {
+            Step::Refuse { .. } | Step::Fail | Step::Done => return steps,
+            _ if failing.as_ref() == Some(&step) => {
+                assert!(step.fails_into_outcome(), "{step:?} ends the run");
+                run.clusterctl = Some(Outcome::Stopped(format!("{step:?} failed")));
+                continue;
+            }
+            Step::RunClusterctl => run.clusterctl = Some(outcome.clone()),
+            _ => {}
+        }
+        world(&step, &mut seen);
+        run.performed(&step);
+    }
+    panic!("no end after {steps:?}");
+}
+
+fn moved(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> Vec<Step> {
+    walk(asked, record, seen, Outcome::Moved, None)
+}
+
+fn restore_then_finish() -> Vec<Step> {
+    vec![
+        Step::Copied,
+        Step::Restore(Target),
+        Step::Restore(Source),
+        Step::Finish,
+        Step::Done,
+    ]
+}
+
+fn refused(steps: &[Step]) -> (MoveRole, &str) {
+    match steps.last() {
+        Some(Step::Refuse { cluster, message }) => (*cluster, message),
+        s => panic!("not refused: {s:?} in {steps:?}"),
+    }
+}
+
+#[test]
+fn a_new_move_stops_the_target_holds_clusterctl_and_restores_the_target_first() {
+    let mut want = vec![
+        Step::Begin(Start::Fresh),
+        Step::Check,
+        Step::StopTarget {
+            block_move: vec![format!("{NS}/a")],
+        },
+        Step::Hold,
+        Step::RunClusterctl,
+        Step::Lift { warn: true },
+    ];
+    want.extend(restore_then_finish());
+    assert_eq!(moved(&asked(false), None, &before()), want);
+    // A record of a move that ended is no move.
+    for over in [MovePhase::Done, MovePhase::Aborted, MovePhase::Unrecorded] {
+        let r = record(over, Some(0));
+        assert_eq!(moved(&asked(false), Some(&r), &before()), want);
+    }
+}
+
+#[test]
+fn every_way_out_after_the_block_move_lifts_it_then_records_the_failure() {
+    let exited = Outcome::Exited {
+        code: 1,
+        exit: 1,
+        what: "clusterctl move exited 1".into(),
+    };
+    let steps = walk(&asked(false), None, &before(), exited, None);
+    assert_eq!(
+        steps[steps.len() - 3..],
+        [Step::RunClusterctl, Step::Lift { warn: true }, Step::Fail]
+    );
+    // handoff's own failure while it puts the block-move on: clusterctl never runs.
+    let steps = walk(
+        &asked(false),
+        None,
+        &before(),
+        Outcome::Moved,
+        Some(Step::Hold),
+    );
+    assert_eq!(
+        steps[steps.len() - 3..],
+        [Step::Hold, Step::Lift { warn: true }, Step::Fail]
+    );
+    let steps = walk(
+        &asked(false),
+        None,
+        &before(),
+        Outcome::Moved,
+        Some(Step::RunClusterctl),
+    );
+    assert_eq!(steps.last(), Some(&Step::Fail));
+    assert!(!steps.contains(&Step::Copied), "{steps:?}");
+}
+
+#[test]
+fn a_move_refuses_before_it_writes_anything_what_clusterctl_or_its_hold_could_not_take() {
+    let check = |seen: Observed| {
+        let steps = moved(&asked(false), None, &seen);
+        assert_eq!(steps[..2], [Step::Begin(Start::Fresh), Step::Check]);
+        assert_eq!(steps.len(), 3, "{steps:?}");
+        let (cluster, message) = refused(&steps);
+        assert_eq!(cluster, Source);
+        message.to_string()
+    };
+    let paused = check(Observed {
+        source: vec![c("a", false), c("b", true)],
+        ..before()
+    });
+    assert!(
+        paused.contains("clusters/b") && paused.contains("-n clusters patch"),
+        "{paused}"
+    );
+    let class = check(Observed {
+        classes: vec![c("class", true)],
+        ..before()
+    });
+    assert!(class.contains("clusters/class"), "{class}");
+    assert!(check(Observed::default()).contains("no Cluster"));
+    let mut theirs = before();
+    theirs.source[0].block_move = Some("".into());
+    assert!(check(theirs).contains("not handoff's"));
+}
+
+#[test]
+fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
+    // Nothing deleted yet: the source runs again, clusterctl starts over.
+    for phase in [
+        MovePhase::StoppingTarget,
+        MovePhase::Moving,
+        MovePhase::StoppingSource,
+        MovePhase::Copying,
+        MovePhase::Failed,
+    ] {
+        let r = record(phase.clone(), None);
+        let steps = moved(&asked(false), Some(&r), &before());
+        assert_eq!(
+            steps[..4],
+            [
+                Step::Begin(Start::Resume),
+                Step::Check,
+                Step::PutSourceBack,
+                Step::StopTarget {
+                    block_move: vec![format!("{NS}/a")]
+                },
+            ],
+            "{phase}"
+        );
+        assert_eq!(steps[4], Step::Hold, "{phase}");
+    }
+    // Deletes begun: the source stays stopped, no block-move (nothing of the source's runs to
+    // wait for), and the target is proven before clusterctl starts.
+    let r = record(MovePhase::Copying, None);
+    let deleting = Observed {
+        source: vec![c("a", true)],
+        target: vec![c("a", true)],
+        deleting: true,
+        ..Observed::default()
+    };
+    let mut want = vec![
+        Step::Begin(Start::ResumeStopped),
+        Step::Check,
+        Step::KeepSourceStopped,
+        Step::StopTarget { block_move: vec![] },
+        Step::ProveTarget,
+        Step::Hold,
+        Step::RunClusterctl,
+        Step::Lift { warn: true },
+    ];
+    want.extend(restore_then_finish());
+    assert_eq!(moved(&asked(false), Some(&r), &deleting), want);
+}
+
+#[test]
+fn after_clusterctl_moved_everything_a_rerun_only_finishes() {
+    // clusterctl exited 0: the restore alone, recorded as such first.
+    let r = record(MovePhase::Restoring, Some(0));
+    let mut want = vec![Step::Begin(Start::RestoreOnly)];
+    want.extend(restore_then_finish());
+    assert_eq!(moved(&asked(false), Some(&r), &before()), want);
+    // Everything in the target and gone from the source, the target still paused (clusterctl
+    // died before its last step): only the move's own Clusters are unpaused there.
+    let r = record(MovePhase::Copying, None);
+    let seen = Observed {
+        target: vec![c("a", true), c("users-own", true)],
+        ..Observed::default()
+    };
+    let mut want = vec![
+        Step::Begin(Start::FinishTarget),
+        Step::UnpauseTarget(vec![format!("{NS}/a")]),
+    ];
+    want.extend(restore_then_finish());
+    assert_eq!(moved(&asked(false), Some(&r), &seen), want);
+}
+
+#[test]
+fn a_run_refuses_a_record_it_must_not_act_on() {
+    let other = record(MovePhase::Failed, Some(1));
+    let elsewhere = Asked {
+        namespace: "elsewhere".into(),
+        ..asked(false)
+    };
+    let steps = moved(&elsewhere, Some(&other), &before());
+    let (cluster, message) = refused(&steps);
+    assert_eq!(cluster, Target);
+    assert!(message.contains("--namespace clusters"), "{message}");
+    let aborting = record(MovePhase::Aborting, None);
+    let steps = moved(&asked(false), Some(&aborting), &before());
+    let (_, message) = refused(&steps);
+    assert!(message.contains("run it again with --abort"), "{message}");
+    // A phase another version wrote: refused by name, whichever way.
+    let later = record(MovePhase::from("Verifying".to_string()), None);
+    for abort in [false, true] {
+        let steps = moved(&asked(abort), Some(&later), &before());
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        assert!(refused(&steps).1.contains("\"Verifying\""), "{steps:?}");
+    }
+}
+
+#[test]
+fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
+    let abort_steps = |begun: Start, recorded: bool| {
+        let mut v = vec![Step::Begin(begun)];
+        if recorded {
+            v.push(Step::BeginAbort);
+        }
+        v.extend([
+            Step::Lift { warn: false },
+            Step::Restore(Source),
+            Step::Restore(Target),
+            Step::Aborted,
+            Step::Done,
+        ]);
+        v
+    };
+    // Nothing recorded: whatever the window stopped comes back, nothing is recorded.
+    assert_eq!(
+        moved(&asked(true), None, &before()),
+        abort_steps(Start::Fresh, false)
+    );
+    let r = record(MovePhase::Moving, None);
+    assert_eq!(
+        moved(&asked(true), Some(&r), &before()),
+        abort_steps(Start::Resume, true)
+    );
+    // An --abort that died is finished by the next.
+    let r = record(MovePhase::Aborting, None);
+    assert_eq!(
+        moved(&asked(true), Some(&r), &before()),
+        abort_steps(Start::Resume, true)
+    );
+    // It acts on the recorded namespace, whatever --namespace says.
+    let elsewhere = Asked {
+        namespace: "elsewhere".into(),
+        ..asked(true)
+    };
+    assert_eq!(namespace(&elsewhere, Some(&r)), NS);
+    assert_eq!(namespace(&elsewhere, None), "elsewhere");
+    assert_eq!(namespace(&asked(false), Some(&r)), NS);
+    // Once clusterctl began deleting, or moved everything: refused, nothing written.
+    let deleting = Observed {
+        deleting: true,
+        ..before()
+    };
+    for (r, seen) in [
+        (record(MovePhase::Copying, None), &deleting),
+        (record(MovePhase::Restoring, Some(0)), &before()),
+        (
+            record(MovePhase::Copying, None),
+            &Observed {
+                target: vec![c("a", true)],
+                ..Observed::default()
+            },
+        ),
+    ] {
+        let steps = moved(&asked(true), Some(&r), seen);
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        assert!(
+            refused(&steps)
+                .1
+                .contains("run the same command without --abort"),
+            "{steps:?}"
+        );
+    }
+}
+
+#[test]
+fn the_clusters_are_read_only_where_a_step_may_need_them() {
+    let fresh = Run::default();
+    let r = record(MovePhase::Copying, None);
+    // Picking up a recorded move: the Clusters and whether clusterctl deletes.
+    assert_eq!(reads(&asked(false), Some(&r), &fresh), (true, true));
+    assert_eq!(reads(&asked(true), Some(&r), &fresh), (true, true));
+    // A new move: nothing before it begins, the Clusters until the target is taken.
+    assert_eq!(reads(&asked(false), None, &fresh), (false, false));
+    let begun = Run {
+        began: Some(Start::Fresh),
+        ..Run::default()
+    };
+    assert_eq!(reads(&asked(false), None, &begun), (true, false));
+    let taken = Run {
+        target_taken: true,
+        ..begun.clone()
+    };
+    assert_eq!(reads(&asked(false), None, &taken), (false, false));
+    // A finished copy's unpause reads the target's Clusters; the restore reads nothing.
+    let finishing = Run {
+        began: Some(Start::FinishTarget),
+        ..Run::default()
+    };
+    assert_eq!(reads(&asked(false), Some(&r), &finishing), (true, false));
+    let copied = Run {
+        copied: true,
+        ..finishing
+    };
+    assert_eq!(reads(&asked(false), Some(&r), &copied), (false, false));
+    // An --abort reads the Clusters for its report only (the driver's, after its steps).
+    assert_eq!(reads(&asked(true), None, &begun), (false, false));
+}
+
+/// The book's "If a move stops": for each phase a killed move can leave, and what the
+/// clusters hold then, what the same command does and what `--abort` does.
+#[test]
+fn every_row_of_the_books_table_is_a_row_here() {
+    let nothing_copied = before();
+    let paused_source = Observed {
+        source: vec![c("a", true)],
+        ..Observed::default()
+    };
+    let partly_copied = Observed {
+        target: vec![c("a", true)],
+        ..paused_source.clone()
+    };
+    let deleting = Observed {
+        deleting: true,
+        ..partly_copied.clone()
+    };
+    let all_in_target = Observed {
+        target: vec![c("a", true)],
+        ..Observed::default()
+    };
+    // (phase, exit, what the clusters hold, the re-run's start, whether --abort acts)
+    type Row<'a> = (Option<MovePhase>, Option<i32>, &'a Observed, Start, bool);
+    let rows: Vec<Row> = vec![
+        (None, None, &nothing_copied, Start::Fresh, true),
+        (
+            Some(MovePhase::StoppingTarget),
+            None,
+            &nothing_copied,
+            Start::Resume,
+            true,
+        ),
+        (
+            Some(MovePhase::Moving),
+            None,
+            &paused_source,
+            Start::Resume,
+            true,
+        ),
+        (
+            Some(MovePhase::StoppingSource),
+            None,
+            &paused_source,
+            Start::Resume,
+            true,
+        ),
+        (
+            Some(MovePhase::Copying),
+            None,
+            &partly_copied,
+            Start::Resume,
+            true,
+        ),
+        (
+            Some(MovePhase::Copying),
+            None,
+            &deleting,
+            Start::ResumeStopped,
+            false,
+        ),
+        (
+            Some(MovePhase::Copying),
+            None,
+            &all_in_target,
+            Start::FinishTarget,
+            false,
+        ),
+        (
+            Some(MovePhase::Restoring),
+            Some(0),
+            &all_in_target,
+            Start::RestoreOnly,
+            false,
+        ),
+    ];
+    for (phase, exit, seen, start, abortable) in &rows {
+        let r = phase.clone().map(|p| record(p, *exit));
+        let steps = moved(&asked(false), r.as_ref(), seen);
+        assert_eq!(steps[0], Step::Begin(start.clone()), "{phase:?} {seen:?}");
+        assert_eq!(steps.last(), Some(&Step::Done), "{phase:?}: {steps:?}");
+        // Every re-run that gets that far restores the target's controllers first.
+        let t = steps.iter().position(|s| *s == Step::Restore(Target));
+        let s = steps.iter().position(|s| *s == Step::Restore(Source));
+        assert!(t < s, "{phase:?}: {steps:?}");
+        let aborted = moved(&asked(true), r.as_ref(), seen);
+        match abortable {
+            true => assert_eq!(aborted.last(), Some(&Step::Done), "{phase:?}: {aborted:?}"),
+            false => {
+                refused(&aborted);
+            }
+        }
+    }
+    // And the book has a row for each of these phases and no other.
+    let page = include_str!("../../../docs/src/tasks/move.md");
+    let table = page
+        .split("<!-- crash-points: checked by tests/capi/crash.rs -->")
+        .nth(1)
+        .expect("the crash-points table");
+    let mut in_book: Vec<String> = table
+        .lines()
+        .skip(3)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.split('|').nth(1).unwrap_or_default().trim().to_string())
+        .map(|cell| match cell.starts_with("`none`") {
+            true => "none".into(),
+            false => cell.trim_matches('`').to_string(),
+        })
+        .collect();
+    let mut here: Vec<String> = rows
+        .iter()
+        .map(|(p, ..)| p.as_ref().map_or("none".into(), |p| p.to_string()))
+        .collect();
+    in_book.dedup();
+    here.dedup();
+    assert_eq!(in_book, here);
+}

@@ -1,0 +1,484 @@
+//! Each step of `handoff move` performed, one function each: what `move_next::next` chose,
+//! done and said. None of them decides what comes next.
+
+use serde_json::json;
+
+use super::super::close::close;
+use super::super::common::{Result, WindowError, now, read_window};
+use super::super::move_next::{Observed, Outcome, Run, Step};
+use super::super::move_plan::{self, BLOCK_MOVE, Start};
+use super::super::open::{Taken, check, first_taken, open, prove, ready_standbys, take};
+use super::child::{self, Signals};
+use super::cluster_api::{self, CLUSTERS, clusters_in};
+use super::clusterctl::{SourceStop, lift_block_move, render_args, run_clusterctl};
+use super::restore::{
+    report_abort, report_done, restore_one, unpause, unpause_what_clusterctl_paused,
+};
+use super::{Mover, begin, note, phase};
+use crate::resources::move_window::{MoveRecord, MoveRole, WindowState};
+use crate::resources::phase::MovePhase;
+
+impl Mover<'_> {
+    /// Perform `step`; clusterctl's outcome, where it ran.
+    pub(super) async fn perform(
+        &mut self,
+        step: &Step,
+        r: Option<&MoveRecord>,
+        seen: &Observed,
+        run: &Run,
+    ) -> Result<Option<Outcome>> {
+        let stopped_already = run.began == Some(Start::ResumeStopped);
+        match step {
+            Step::Begin(start) => self.begin_run(start, r),
+            Step::Refuse { cluster, message } => Err(self.refused(*cluster, message.clone())),
+            Step::Check => self.check().await,
+            Step::PutSourceBack => self.put_source_back(self.recorded(r)?).await,
+            Step::KeepSourceStopped => self.keep_source_stopped(self.recorded(r)?).await,
+            Step::StopTarget { block_move } => {
+                let fresh = run.began == Some(Start::Fresh);
+                self.stop_target(seen, block_move.is_empty() && stopped_already, fresh)
+                    .await
+            }
+            Step::ProveTarget => self.prove_target().await,
+            Step::Hold => self.hold(&run.block_move, stopped_already).await,
+            Step::RunClusterctl => return self.clusterctl(stopped_already).await.map(Some),
+            Step::Lift { warn } => self.lift(*warn).await,
+            Step::Fail => self.fail(run.clusterctl.as_ref()).await,
+            Step::UnpauseTarget(keys) => unpause(self.target, keys, &[], self.out).await,
+            Step::Copied => self.copied().await,
+            Step::Restore(role) => {
+                let c = self.cluster(*role).clone();
+                let (target, opts) = (self.target, self.opts);
+                restore_one(&c, target, opts, &mut self.restored, self.out).await
+            }
+            Step::Finish => {
+                report_done(
+                    self.target,
+                    self.opts,
+                    self.started,
+                    &self.restored,
+                    self.out,
+                )
+                .await
+            }
+            Step::BeginAbort => {
+                note(self.target, &self.opts.window, |m| {
+                    m.phase = MovePhase::Aborting
+                })
+                .await
+            }
+            Step::Aborted => self.aborted(r.is_some()).await,
+            Step::Done => Ok(()),
+        }
+        .map(|()| None)
+    }
+
+    /// The record a step acts on, which the run began from.
+    fn recorded<'r>(&self, r: Option<&'r MoveRecord>) -> Result<&'r MoveRecord> {
+        r.ok_or_else(|| {
+            self.refused(
+                MoveRole::Target,
+                format!(
+                    "MoveWindow {} no longer records the move it was resuming; run the same command again",
+                    self.opts.window
+                ),
+            )
+        })
+    }
+
+    fn begin_run(&mut self, start: &Start, r: Option<&MoveRecord>) -> Result<()> {
+        let (ns, window) = (&self.ns, &self.opts.window);
+        if self.opts.abort {
+            let _ = match r {
+                Some(r) => writeln!(
+                    self.out,
+                    "handoff move --abort: the move of namespace {} recorded in MoveWindow {window} (phase {})",
+                    r.namespace, r.phase
+                ),
+                None => writeln!(
+                    self.out,
+                    "handoff move --abort: no move recorded in MoveWindow {window}; restoring whatever it stopped"
+                ),
+            };
+            if *ns != self.opts.flags.namespace {
+                let _ = writeln!(
+                    self.out,
+                    "note: aborting the recorded move of namespace {ns}, not --namespace {}",
+                    self.opts.flags.namespace
+                );
+            }
+            return Ok(());
+        }
+        let _ = match start {
+            Start::RestoreOnly => writeln!(
+                self.out,
+                "handoff move: clusterctl already moved namespace {ns}; restoring the controllers"
+            ),
+            Start::FinishTarget => writeln!(
+                self.out,
+                "handoff move: every Cluster of namespace {ns} is in the target and gone from the source; unpausing the target's, as clusterctl's last step would, then restoring the controllers"
+            ),
+            Start::Fresh | Start::Resume | Start::ResumeStopped => Ok(()),
+        };
+        Ok(())
+    }
+
+    /// Before anything is written: both clusters' stops must be possible, and clusterctl must
+    /// wait for block-move (all that holds its copy until both clusters are proven stopped).
+    async fn check(&mut self) -> Result<()> {
+        let p = phase(
+            self.out,
+            "checking how each controller would be stopped, in both clusters",
+        );
+        check(
+            std::slice::from_ref(self.target),
+            &self.target_opts,
+            self.out,
+        )
+        .await?;
+        check(
+            std::slice::from_ref(self.source),
+            &self.source_opts,
+            self.out,
+        )
+        .await?;
+        match move_plan::block_move_honoured(
+            &child::version(&self.opts.clusterctl, self.source).await?,
+        ) {
+            Ok(()) => {}
+            Err(e @ move_plan::ClusterctlVersion::TooOld(_)) => {
+                return Err(self.refused(MoveRole::Source, e.to_string()));
+            }
+            Err(e) => {
+                let _ = writeln!(self.out, "warning: {e}");
+            }
+        }
+        p.done(self.out, "checked");
+        // Said once: the opens after this check again, quietly.
+        self.target_opts.quiet_preflight = true;
+        self.source_opts.quiet_preflight = true;
+        let signals = Signals::catch().map_err(|e| {
+            self.refused(
+                MoveRole::Source,
+                format!("cannot catch SIGINT and SIGTERM: {e}"),
+            )
+        })?;
+        self.signals = Some(signals);
+        Ok(())
+    }
+
+    /// A resumed move that deleted nothing: the source runs again (providers lift their
+    /// block-move only while their controllers run), unpaused as clusterctl expects it.
+    async fn put_source_back(&mut self, r: &MoveRecord) -> Result<()> {
+        let window = &self.opts.window;
+        let p = phase(
+            self.out,
+            &format!(
+                "resuming the move recorded in MoveWindow {window} on the target (phase {}, attempt {}): putting the source back as clusterctl expects it",
+                r.phase, r.attempts
+            ),
+        );
+        if read_window(self.source, window)
+            .await?
+            .is_some_and(|w| w.spec.state == WindowState::Open)
+        {
+            close(
+                std::slice::from_ref(self.source),
+                &self.opts.close,
+                self.out,
+            )
+            .await?;
+        }
+        // It runs again: its stop counts anew.
+        note(self.target, window, |m| m.source_stopped_at = None).await?;
+        unpause_what_clusterctl_paused(self.source, self.target, self.opts, r, self.out).await?;
+        p.done(self.out, "the source runs again, the target stays stopped");
+        Ok(())
+    }
+
+    /// A resumed move after clusterctl began deleting: the source's controllers stay stopped
+    /// (they would re-create what was deleted); its Clusters are unpaused, since nothing
+    /// reconciles them, so that clusterctl starts and finishes the copy and the deletes.
+    async fn keep_source_stopped(&mut self, r: &MoveRecord) -> Result<()> {
+        let window = &self.opts.window;
+        let p = phase(
+            self.out,
+            &format!(
+                "resuming the move recorded in MoveWindow {window} (phase {}, attempt {}): clusterctl had begun deleting from the source, so the source's controllers stay stopped (they would re-create what was deleted) and clusterctl finishes the copy and the deletes",
+                r.phase, r.attempts
+            ),
+        );
+        open(
+            std::slice::from_ref(self.source),
+            &self.source_opts,
+            self.out,
+        )
+        .await?;
+        note(self.target, window, |m| {
+            m.source_stopped_at.get_or_insert_with(now);
+        })
+        .await?;
+        unpause_what_clusterctl_paused(self.source, self.target, self.opts, r, self.out).await?;
+        p.done(
+            self.out,
+            "the source stays stopped, its Clusters unpaused for clusterctl",
+        );
+        Ok(())
+    }
+
+    /// The target's controllers, taken now and proven stopped before anything is created
+    /// there. The proof (the former leaders' lease duration) runs while clusterctl starts,
+    /// pauses the source and waits on handoff's block-move, and ends with the source's, right
+    /// before the lift: one Lease bound per move, not two in a row.
+    async fn stop_target(&mut self, seen: &Observed, proven_next: bool, fresh: bool) -> Result<()> {
+        let p = phase(self.out, "stopping the target's controllers");
+        let taken = take(
+            std::slice::from_ref(self.target),
+            &self.target_opts,
+            self.out,
+        )
+        .await?;
+        let first = first_taken(&taken);
+        let keys =
+            |v: &[move_plan::ClusterSeen]| v.iter().map(|c| c.key.clone()).collect::<Vec<_>>();
+        let (cluster_keys, class_keys) = (keys(&seen.source), keys(&seen.classes));
+        let ns = self.ns.clone();
+        begin(self.target, &self.opts.window, |m| {
+            let mut at_start = m.clusters.clone();
+            at_start.extend(cluster_keys.iter().cloned());
+            at_start.sort();
+            at_start.dedup();
+            // Kept across re-runs: the stop counts from the first take-over.
+            let (t, s) = match fresh {
+                true => (None, None),
+                false => (m.target_stopped_at.take(), m.source_stopped_at.take()),
+            };
+            *m = MoveRecord {
+                phase: MovePhase::StoppingTarget,
+                namespace: ns.clone(),
+                started_at: Some(now()),
+                attempts: m.attempts + 1,
+                clusters: at_start,
+                cluster_classes: class_keys.clone(),
+                target_stopped_at: t.or_else(|| Some(first.clone())),
+                source_stopped_at: s,
+                ..MoveRecord::default()
+            };
+        })
+        .await?;
+        let proven_at = taken.iter().map(Taken::proven_at).max();
+        let done = match (proven_next, proven_at) {
+            (true, _) => "the target's controllers are held; proven next, before clusterctl starts".to_string(),
+            (false, Some(at)) => format!("the target's controllers are held; proven stopped at {at}, while clusterctl starts and waits"),
+            (false, None) => "the target's controllers are held; proven stopped once taken, while clusterctl starts and waits".to_string(),
+        };
+        p.done(self.out, &done);
+        self.target_taken = taken;
+        Ok(())
+    }
+
+    /// Where the source is stopped already, no block-move holds clusterctl: the target is
+    /// proven before clusterctl starts.
+    async fn prove_target(&mut self) -> Result<()> {
+        let p = phase(self.out, "proving the target's controllers stopped");
+        let taken = std::mem::take(&mut self.target_taken);
+        prove(&taken, self.out).await?;
+        p.done(self.out, "the target's controllers are stopped");
+        Ok(())
+    }
+
+    /// The source's standbys now, while its controllers run (its stop, once clusterctl has
+    /// paused it, then only takes the Leases); then handoff's block-move on each source
+    /// Cluster, so that clusterctl's wait includes handoff's: recorded before written, so a run
+    /// that dies after the write still lifts it.
+    async fn hold(&mut self, add: &[String], stopped_already: bool) -> Result<()> {
+        if !stopped_already {
+            ready_standbys(self.source, &self.source_opts, self.out).await?;
+        }
+        note(self.target, &self.opts.window, |m| {
+            m.phase = MovePhase::Moving;
+            m.block_move = add.to_vec();
+        })
+        .await?;
+        let value = move_plan::block_move_value(&self.opts.window);
+        for key in add {
+            cluster_api::patch(
+                self.source,
+                CLUSTERS,
+                key,
+                json!({"metadata": {"annotations": {BLOCK_MOVE: value}}}),
+                "putting handoff's block-move on",
+            )
+            .await?;
+        }
+        if !add.is_empty() {
+            let _ = writeln!(
+                self.out,
+                "source: {BLOCK_MOVE} on Cluster {} until the source's controllers are stopped",
+                add.join(", ")
+            );
+        }
+        match self.signals.as_ref().and_then(Signals::caught) {
+            Some(sig) => Err(self.refused(
+                MoveRole::Source,
+                format!("interrupted (signal {sig}) before clusterctl started"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// clusterctl, while the source's controllers still run; they are stopped once it has
+    /// paused the source (`run_clusterctl`).
+    async fn clusterctl(&mut self, stopped_already: bool) -> Result<Outcome> {
+        let opts = self.opts;
+        let p = phase(
+            self.out,
+            &format!(
+                "running {} {}",
+                opts.clusterctl.display(),
+                render_args(&opts.flags)
+            ),
+        );
+        let stop = match stopped_already {
+            true => SourceStop::Already,
+            false => SourceStop::AfterPause {
+                opts: &self.source_opts,
+                target: std::mem::take(&mut self.target_taken),
+            },
+        };
+        if self.signals.is_none() {
+            let caught = Signals::catch();
+            self.signals = Some(caught.map_err(|e| WindowError::Refused {
+                cluster: self.source.label.clone(),
+                message: format!("cannot catch SIGINT and SIGTERM: {e}"),
+            })?);
+        }
+        let signals = self.signals.as_mut().expect("caught above");
+        let ran = run_clusterctl(self.source, self.target, stop, opts, signals, self.out).await?;
+        p.done(
+            self.out,
+            &format!("clusterctl exited {}", ran.status.describe()),
+        );
+        if ran.status.code == Some(0) {
+            if ran.source_stopped.is_none() {
+                let _ = writeln!(
+                    self.out,
+                    "warning: clusterctl finished without waiting for handoff's block-move (does this clusterctl honour clusterctl.cluster.x-k8s.io/block-move?): neither cluster's controllers were proven stopped before the copy"
+                );
+            }
+            return Ok(Outcome::Moved);
+        }
+        let interrupted = match ran.interrupted {
+            true => " (handoff was interrupted and passed the signal on)",
+            false => "",
+        };
+        Ok(Outcome::Exited {
+            code: ran.status.exit_code(),
+            exit: ran.status.code.unwrap_or(-1),
+            what: format!(
+                "clusterctl move exited {}{interrupted}",
+                ran.status.describe()
+            ),
+        })
+    }
+
+    /// handoff's block-move off every source Cluster: it must never be copied to the target
+    /// or hold the next move. From here on a signal ends handoff (what is left is recorded).
+    async fn lift(&mut self, warn: bool) -> Result<()> {
+        if let Some(s) = self.signals.take() {
+            s.release();
+        }
+        match lift_block_move(self.source, self.target, &self.opts.window, &self.ns).await {
+            Ok(lifted) if !lifted.is_empty() => {
+                let _ = writeln!(
+                    self.out,
+                    "source: lifted handoff's {BLOCK_MOVE} from {}",
+                    lifted.join(", ")
+                );
+            }
+            Ok(_) => {}
+            Err(e) if warn => {
+                let _ = writeln!(
+                    self.out,
+                    "warning: {e}; run the same command again to lift handoff's {BLOCK_MOVE}"
+                );
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Record why clusterctl's part failed, and end with what is left and the ways on.
+    async fn fail(&mut self, outcome: Option<&Outcome>) -> Result<()> {
+        let (window, opts) = (&self.opts.window, self.opts);
+        let help =
+            |what: &str| move_plan::failure_help(&opts.flags, window, &opts.clusterctl, what);
+        match outcome {
+            Some(Outcome::Exited { code, exit, what }) => {
+                note(self.target, window, |m| {
+                    m.phase = MovePhase::Failed;
+                    m.clusterctl_exit = Some(*exit);
+                    m.error = Some(what.clone());
+                })
+                .await?;
+                Err(WindowError::Clusterctl {
+                    code: *code,
+                    help: help(what),
+                })
+            }
+            Some(Outcome::Stopped(what)) => {
+                let _ = note(self.target, window, |m| {
+                    m.phase = MovePhase::Failed;
+                    m.error = Some(what.clone());
+                })
+                .await;
+                Err(WindowError::Clusterctl {
+                    code: 1,
+                    help: help(what),
+                })
+            }
+            Some(Outcome::Moved) | None => Ok(()),
+        }
+    }
+
+    /// clusterctl moved everything: recorded before the restore, so a re-run only restores.
+    async fn copied(&mut self) -> Result<()> {
+        note(self.target, &self.opts.window, |m| {
+            m.phase = MovePhase::Restoring;
+            m.clusterctl_exit = Some(0);
+            m.error = None;
+        })
+        .await
+    }
+
+    /// An `--abort` done: recorded where a move was, and what clusterctl left behind said.
+    async fn aborted(&mut self, recorded: bool) -> Result<()> {
+        if recorded {
+            note(self.target, &self.opts.window, |m| {
+                m.phase = MovePhase::Aborted
+            })
+            .await?;
+        }
+        let ns = &self.ns;
+        let paused: Vec<String> = clusters_in(self.source, ns)
+            .await?
+            .into_iter()
+            .filter(|c| c.paused)
+            .map(|c| c.key)
+            .collect();
+        let copied: Vec<String> = clusters_in(self.target, ns)
+            .await?
+            .into_iter()
+            .map(|c| c.key)
+            .collect();
+        report_abort(
+            [self.source, self.target],
+            ns,
+            &self.restored,
+            &paused,
+            &copied,
+            self.out,
+        );
+        Ok(())
+    }
+}
