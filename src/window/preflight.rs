@@ -72,79 +72,12 @@ pub async fn preflight(
     if deployments.is_empty() {
         return Ok(vec![]);
     }
-    // (namespace, service) → the hooks that call it and fail closed.
-    let mut hooks: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    // Both kinds of webhook configuration, flattened to (configuration, webhook, policy,
-    // service) so one loop judges them.
-    let mut webhooks = Vec::new();
-    let vwc: Api<ValidatingWebhookConfiguration> = Api::all(c.client.clone());
-    for cfg in vwc
-        .list(&ListParams::default())
-        .await
-        .map_err(api_err(c, "listing ValidatingWebhookConfigurations"))?
-    {
-        let cfg_name = cfg.metadata.name.clone().unwrap_or_default();
-        for w in cfg.webhooks.into_iter().flatten() {
-            let kind = format!("ValidatingWebhookConfiguration {cfg_name}");
-            webhooks.push((kind, w.name, w.failure_policy, w.client_config.service));
-        }
-    }
-    let mwc: Api<MutatingWebhookConfiguration> = Api::all(c.client.clone());
-    for cfg in mwc
-        .list(&ListParams::default())
-        .await
-        .map_err(api_err(c, "listing MutatingWebhookConfigurations"))?
-    {
-        let cfg_name = cfg.metadata.name.clone().unwrap_or_default();
-        for w in cfg.webhooks.into_iter().flatten() {
-            let kind = format!("MutatingWebhookConfiguration {cfg_name}");
-            webhooks.push((kind, w.name, w.failure_policy, w.client_config.service));
-        }
-    }
-    for (cfg, name, policy, service) in webhooks {
-        // admissionregistration/v1 defaults failurePolicy to Fail.
-        if policy.as_deref().unwrap_or("Fail") != "Fail" {
-            continue;
-        }
-        if let Some(s) = service {
-            hooks
-                .entry((s.namespace, s.name))
-                .or_default()
-                .push(format!("{cfg} webhook {name} (failurePolicy Fail)"));
-        }
-    }
-    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
-    for crd in crds
-        .list(&ListParams::default())
-        .await
-        .map_err(api_err(c, "listing CustomResourceDefinitions"))?
-    {
-        let Some(conv) = crd.spec.conversion.as_ref() else {
-            continue;
-        };
-        if conv.strategy != "Webhook" {
-            continue;
-        }
-        if let Some(s) = conv
-            .webhook
-            .as_ref()
-            .and_then(|w| w.client_config.as_ref())
-            .and_then(|cc| cc.service.as_ref())
-        {
-            hooks
-                .entry((s.namespace.clone(), s.name.clone()))
-                .or_default()
-                .push(format!(
-                    "CustomResourceDefinition {} conversion webhook (conversion always fails closed)",
-                    crd.metadata.name.clone().unwrap_or_default()
-                ));
-        }
-    }
+    let mut hooks = fail_closed_webhooks(c).await?;
+    conversion_webhooks(c, &mut hooks).await?;
     let mut findings = Vec::new();
     let namespaces: BTreeSet<String> = deployments.iter().map(|d| dep_key(d).0).collect();
     for ns in namespaces {
-        let services: Api<Service> = Api::namespaced(c.client.clone(), &ns);
-        let services = services
+        let services = Api::<Service>::namespaced(c.client.clone(), &ns)
             .list(&ListParams::default())
             .await
             .map_err(api_err(c, format!("listing Services in {ns}")))?;
@@ -165,22 +98,112 @@ pub async fn preflight(
                     .as_ref()
                     .and_then(|s| s.template.metadata.as_ref())
                     .and_then(|m| m.labels.as_ref());
-                let backs =
-                    pod_labels.is_some_and(|l| sel.iter().all(|(k, v)| l.get(k) == Some(v)));
-                if backs {
-                    for hook in callers {
-                        findings.push(Finding {
-                            cluster: c.label.clone(),
-                            deployment: format!("{ns}/{}", dep_key(d).1),
-                            service: format!("{ns}/{svc_name}"),
-                            hook: hook.clone(),
-                        });
-                    }
+                if !pod_labels.is_some_and(|l| sel.iter().all(|(k, v)| l.get(k) == Some(v))) {
+                    continue;
                 }
+                findings.extend(callers.iter().map(|hook| Finding {
+                    cluster: c.label.clone(),
+                    deployment: format!("{ns}/{}", dep_key(d).1),
+                    service: format!("{ns}/{svc_name}"),
+                    hook: hook.clone(),
+                }));
             }
         }
     }
     Ok(findings)
+}
+
+/// (namespace, service) → the hooks that call it and fail closed.
+type Hooks = BTreeMap<(String, String), Vec<String>>;
+
+/// Every admission webhook that fails closed, by the Service it calls: both kinds of webhook
+/// configuration, flattened to (configuration, webhook, policy, service) so one loop judges
+/// them.
+async fn fail_closed_webhooks(c: &Cluster) -> Result<Hooks> {
+    let mut webhooks = Vec::new();
+    for cfg in Api::<ValidatingWebhookConfiguration>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err(c, "listing ValidatingWebhookConfigurations"))?
+    {
+        let kind = format!(
+            "ValidatingWebhookConfiguration {}",
+            cfg.metadata.name.clone().unwrap_or_default()
+        );
+        for w in cfg.webhooks.into_iter().flatten() {
+            webhooks.push((
+                kind.clone(),
+                w.name,
+                w.failure_policy,
+                w.client_config.service,
+            ));
+        }
+    }
+    for cfg in Api::<MutatingWebhookConfiguration>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err(c, "listing MutatingWebhookConfigurations"))?
+    {
+        let kind = format!(
+            "MutatingWebhookConfiguration {}",
+            cfg.metadata.name.clone().unwrap_or_default()
+        );
+        for w in cfg.webhooks.into_iter().flatten() {
+            webhooks.push((
+                kind.clone(),
+                w.name,
+                w.failure_policy,
+                w.client_config.service,
+            ));
+        }
+    }
+    let mut hooks = Hooks::new();
+    for (cfg, name, policy, service) in webhooks {
+        // admissionregistration/v1 defaults failurePolicy to Fail.
+        if policy.as_deref().unwrap_or("Fail") != "Fail" {
+            continue;
+        }
+        if let Some(s) = service {
+            hooks
+                .entry((s.namespace, s.name))
+                .or_default()
+                .push(format!("{cfg} webhook {name} (failurePolicy Fail)"));
+        }
+    }
+    Ok(hooks)
+}
+
+/// CRD conversion webhooks, by the Service they call: conversion always fails closed.
+async fn conversion_webhooks(c: &Cluster, hooks: &mut Hooks) -> Result<()> {
+    for crd in Api::<CustomResourceDefinition>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err(c, "listing CustomResourceDefinitions"))?
+    {
+        let Some(conv) = crd
+            .spec
+            .conversion
+            .as_ref()
+            .filter(|c| c.strategy == "Webhook")
+        else {
+            continue;
+        };
+        if let Some(s) = conv
+            .webhook
+            .as_ref()
+            .and_then(|w| w.client_config.as_ref())
+            .and_then(|cc| cc.service.as_ref())
+        {
+            hooks
+                .entry((s.namespace.clone(), s.name.clone()))
+                .or_default()
+                .push(format!(
+                    "CustomResourceDefinition {} conversion webhook (conversion always fails closed)",
+                    crd.metadata.name.clone().unwrap_or_default()
+                ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@ use serde::Serialize;
 
 use super::common::{Cluster, Result, api_err, dep_key, read_window, selected_deployments};
 use super::lease;
-use crate::resources::move_window::{MoveRole, MoveWindow, Strategy, WindowState};
+use crate::resources::move_window::{
+    MoveRole, MoveWindow, PinnedDeployment, Strategy, WindowState,
+};
 use crate::rules::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
 
 /// One window as `handoff window status` reports it, with the live state of its Deployments.
@@ -83,82 +85,99 @@ pub async fn status(
             }
         };
         for w in windows {
-            let status = w.status.clone().unwrap_or_default();
-            let mut keys: BTreeSet<(String, String)> = status
-                .pinned
-                .iter()
-                .map(|p| (p.namespace.clone(), p.name.clone()))
-                .collect();
-            if w.spec.is_open()
-                && let Ok(sel) = w.spec.selector()
-            {
-                for d in selected_deployments(c, &sel, own).await? {
-                    keys.insert(dep_key(&d));
-                }
-            }
-            let mut deployments = Vec::new();
-            for (ns, dname) in keys {
-                let d = Api::<Deployment>::namespaced(c.client.clone(), &ns)
-                    .get_opt(&dname)
-                    .await
-                    .map_err(api_err(c, format!("reading Deployment {ns}/{dname}")))?;
-                let rec = status
-                    .pinned
-                    .iter()
-                    .find(|p| p.namespace == ns && p.name == dname);
-                let mut leases = Vec::new();
-                for l in rec.map(|p| p.leases.as_slice()).unwrap_or_default() {
-                    let (held_by, holder, taken_back) = lease::held_by(c, &ns, &l.name).await?;
-                    leases.push(LeaseReport {
-                        held_by,
-                        holder,
-                        taken_back,
-                        name: l.name.clone(),
-                        former_holder: l.former_holder.clone(),
-                        former_lease_duration_seconds: l.former_lease_duration_seconds,
-                        held_since: l.held_since.clone(),
-                        released_at: l.released_at.clone(),
-                        leads_again: l.leads_again.clone(),
-                    });
-                }
-                deployments.push(DeploymentReport {
-                    strategy: rec.map(|p| p.strategy()),
-                    stopped_since: rec.and_then(|p| p.stopped_since.clone()),
-                    leases,
-                    replicas: d.as_ref().and_then(|d| d.spec.as_ref()?.replicas),
-                    saved_annotation: d.as_ref().and_then(|d| {
-                        d.metadata
-                            .annotations
-                            .as_ref()?
-                            .get(SAVED_REPLICAS_ANNOTATION)
-                            .cloned()
-                    }),
-                    recorded: rec.map(|p| p.saved_replicas),
-                    restored_at: rec.and_then(|p| p.restored_at.clone()),
-                    note: rec.and_then(|p| p.note.clone()),
-                    namespace: ns,
-                    name: dname,
-                });
-            }
-            views.push(WindowReport {
-                cluster: c.label.clone(),
-                name: w.metadata.name.clone().unwrap_or_default(),
-                state: w.spec.state,
-                phase: status.phase.as_ref().map(|p| p.to_string()),
-                role: w.spec.role,
-                reason: w.spec.reason.clone(),
-                created: w
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| t.0.to_string()),
-                last_step: status.last_step.clone(),
-                operator: status.operator.clone(),
-                deployments,
-            });
+            views.push(window_report(c, &w, own).await?);
         }
     }
     Ok(views)
+}
+
+/// One window as it stands: every Deployment it recorded and, while it is open, every one it
+/// selects.
+async fn window_report(c: &Cluster, w: &MoveWindow, own: &OwnDeployment) -> Result<WindowReport> {
+    let status = w.status.clone().unwrap_or_default();
+    let mut keys: BTreeSet<(String, String)> = status
+        .pinned
+        .iter()
+        .map(|p| (p.namespace.clone(), p.name.clone()))
+        .collect();
+    if w.spec.is_open()
+        && let Ok(sel) = w.spec.selector()
+    {
+        for d in selected_deployments(c, &sel, own).await? {
+            keys.insert(dep_key(&d));
+        }
+    }
+    let mut deployments = Vec::new();
+    for (ns, dname) in keys {
+        let rec = status
+            .pinned
+            .iter()
+            .find(|p| p.namespace == ns && p.name == dname);
+        deployments.push(deployment_report(c, ns, dname, rec).await?);
+    }
+    Ok(WindowReport {
+        cluster: c.label.clone(),
+        name: w.metadata.name.clone().unwrap_or_default(),
+        state: w.spec.state,
+        phase: status.phase.as_ref().map(|p| p.to_string()),
+        role: w.spec.role,
+        reason: w.spec.reason.clone(),
+        created: w
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string()),
+        last_step: status.last_step.clone(),
+        operator: status.operator.clone(),
+        deployments,
+    })
+}
+
+/// One Deployment as the window recorded it and as it is: its count, its annotation, and who
+/// holds each of its Leases now.
+async fn deployment_report(
+    c: &Cluster,
+    ns: String,
+    dname: String,
+    rec: Option<&PinnedDeployment>,
+) -> Result<DeploymentReport> {
+    let d = Api::<Deployment>::namespaced(c.client.clone(), &ns)
+        .get_opt(&dname)
+        .await
+        .map_err(api_err(c, format!("reading Deployment {ns}/{dname}")))?;
+    let mut leases = Vec::new();
+    for l in rec.map(|p| p.leases.as_slice()).unwrap_or_default() {
+        let (held_by, holder, taken_back) = lease::held_by(c, &ns, &l.name).await?;
+        leases.push(LeaseReport {
+            held_by,
+            holder,
+            taken_back,
+            name: l.name.clone(),
+            former_holder: l.former_holder.clone(),
+            former_lease_duration_seconds: l.former_lease_duration_seconds,
+            held_since: l.held_since.clone(),
+            released_at: l.released_at.clone(),
+            leads_again: l.leads_again.clone(),
+        });
+    }
+    Ok(DeploymentReport {
+        strategy: rec.map(|p| p.strategy()),
+        stopped_since: rec.and_then(|p| p.stopped_since.clone()),
+        leases,
+        replicas: d.as_ref().and_then(|d| d.spec.as_ref()?.replicas),
+        saved_annotation: d.as_ref().and_then(|d| {
+            d.metadata
+                .annotations
+                .as_ref()?
+                .get(SAVED_REPLICAS_ANNOTATION)
+                .cloned()
+        }),
+        recorded: rec.map(|p| p.saved_replicas),
+        restored_at: rec.and_then(|p| p.restored_at.clone()),
+        note: rec.and_then(|p| p.note.clone()),
+        namespace: ns,
+        name: dname,
+    })
 }
 
 /// The `status` table.

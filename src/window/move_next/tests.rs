@@ -386,10 +386,30 @@ fn the_clusters_are_read_only_where_a_step_may_need_them() {
     assert_eq!(reads(&asked(true), None, &begun), (false, false));
 }
 
-/// The book's "If a move stops": for each phase a killed move can leave, and what the
-/// clusters hold then, what the same command does and what `--abort` does.
-#[test]
-fn every_row_of_the_books_table_is_a_row_here() {
+/// The phases of the book's "If a move stops" table, a row each (`none` for no record).
+fn books_phases() -> Vec<String> {
+    let page = include_str!("../../../docs/src/tasks/move.md");
+    let table = page
+        .split("<!-- crash-points: checked by tests/capi/crash.rs -->")
+        .nth(1)
+        .expect("the crash-points table");
+    table
+        .lines()
+        .skip(3)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.split('|').nth(1).unwrap_or_default().trim().to_string())
+        .map(|cell| match cell.starts_with("`none`") {
+            true => "none".into(),
+            false => cell.trim_matches('`').to_string(),
+        })
+        .collect()
+}
+
+/// The table's rows: (phase, exit, what the clusters hold, the re-run's start, whether
+/// `--abort` acts).
+type Row = (Option<MovePhase>, Option<i32>, Observed, Start, bool);
+
+fn table_rows() -> Vec<Row> {
     let nothing_copied = before();
     let paused_source = Observed {
         source: vec![c("a", true)],
@@ -407,60 +427,65 @@ fn every_row_of_the_books_table_is_a_row_here() {
         target: vec![c("a", true)],
         ..Observed::default()
     };
-    // (phase, exit, what the clusters hold, the re-run's start, whether --abort acts)
-    type Row<'a> = (Option<MovePhase>, Option<i32>, &'a Observed, Start, bool);
-    let rows: Vec<Row> = vec![
-        (None, None, &nothing_copied, Start::Fresh, true),
+    vec![
+        (None, None, nothing_copied.clone(), Start::Fresh, true),
         (
             Some(MovePhase::StoppingTarget),
             None,
-            &nothing_copied,
+            nothing_copied.clone(),
             Start::Resume,
             true,
         ),
         (
             Some(MovePhase::Moving),
             None,
-            &paused_source,
+            paused_source.clone(),
             Start::Resume,
             true,
         ),
         (
             Some(MovePhase::StoppingSource),
             None,
-            &paused_source,
+            paused_source.clone(),
             Start::Resume,
             true,
         ),
         (
             Some(MovePhase::Copying),
             None,
-            &partly_copied,
+            partly_copied.clone(),
             Start::Resume,
             true,
         ),
         (
             Some(MovePhase::Copying),
             None,
-            &deleting,
+            deleting.clone(),
             Start::ResumeStopped,
             false,
         ),
         (
             Some(MovePhase::Copying),
             None,
-            &all_in_target,
+            all_in_target.clone(),
             Start::FinishTarget,
             false,
         ),
         (
             Some(MovePhase::Restoring),
             Some(0),
-            &all_in_target,
+            all_in_target.clone(),
             Start::RestoreOnly,
             false,
         ),
-    ];
+    ]
+}
+
+/// The book's "If a move stops": for each phase a killed move can leave, and what the
+/// clusters hold then, what the same command does and what `--abort` does.
+#[test]
+fn every_row_of_the_books_table_is_a_row_here() {
+    let rows = table_rows();
     for (phase, exit, seen, start, abortable) in &rows {
         let r = phase.clone().map(|p| record(p, *exit));
         let steps = moved(&asked(false), r.as_ref(), seen);
@@ -479,21 +504,7 @@ fn every_row_of_the_books_table_is_a_row_here() {
         }
     }
     // And the book has a row for each of these phases and no other.
-    let page = include_str!("../../../docs/src/tasks/move.md");
-    let table = page
-        .split("<!-- crash-points: checked by tests/capi/crash.rs -->")
-        .nth(1)
-        .expect("the crash-points table");
-    let mut in_book: Vec<String> = table
-        .lines()
-        .skip(3)
-        .take_while(|l| l.starts_with('|'))
-        .map(|l| l.split('|').nth(1).unwrap_or_default().trim().to_string())
-        .map(|cell| match cell.starts_with("`none`") {
-            true => "none".into(),
-            false => cell.trim_matches('`').to_string(),
-        })
-        .collect();
+    let mut in_book = books_phases();
     let mut here: Vec<String> = rows
         .iter()
         .map(|(p, ..)| p.as_ref().map_or("none".into(), |p| p.to_string()))

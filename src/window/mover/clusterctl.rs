@@ -121,7 +121,6 @@ pub async fn run_clusterctl(
     signals: &mut Signals,
     out: &mut dyn Write,
 ) -> Result<Ran> {
-    let ns = &opts.flags.namespace;
     let (source_opts, mut target_taken) = match stop {
         SourceStop::Already => (None, None),
         SourceStop::AfterPause { opts, target } => (Some(opts), Some(target)),
@@ -131,45 +130,19 @@ pub async fn run_clusterctl(
     let mut source_stopped = source_opts.is_none().then(Instant::now);
     let mut last_wait = None;
     let mut tick = tokio::time::interval(opts.poll);
-    let forward = |child: &Child, sig: i32, out: &mut dyn Write| {
-        let name = if sig == libc::SIGINT {
-            "SIGINT"
-        } else {
-            "SIGTERM"
-        };
-        let _ = writeln!(
-            out,
-            "handoff move: interrupted; passing {name} to clusterctl and waiting for it to stop"
-        );
-        child.signal(sig);
-    };
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
             sig = signals.next() => {
                 interrupted = true;
-                forward(&child, sig, out);
+                let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
+                let _ = writeln!(out, "handoff move: interrupted; passing {name} to clusterctl and waiting for it to stop");
+                child.signal(sig);
             }
             _ = tick.tick(), if source_stopped.is_none() && !interrupted => {
-                let read = async {
-                    Ok::<_, WindowError>((clusters_in(source, ns).await?, scan(source, ns).await?.blocking))
-                };
-                let (clusters, blocking) = match read.await {
-                    Ok(v) => v,
-                    // A read that fails is retried at the next tick; clusterctl keeps waiting.
-                    Err(e) => {
-                        let _ = writeln!(out, "warning: {e}; trying again");
-                        continue;
-                    }
-                };
-                if let Err(waiting) = move_plan::source_ready(&clusters, &blocking, &opts.window) {
-                    if last_wait.as_ref() != Some(&waiting) {
-                        let _ = writeln!(out, "handoff move: waiting for {waiting}");
-                        last_wait = Some(waiting);
-                    }
+                let Some(paused) = source_paused(source, opts, &mut last_wait, out).await else {
                     continue;
-                }
-                let paused: Vec<String> = clusters.iter().filter(|c| c.paused).map(|c| c.key.clone()).collect();
+                };
                 let stopped = tokio::select! {
                     r = stop_source(source, target, source_opts.expect("stopped after the pause"), target_taken.take().unwrap_or_default(), &opts.window, &paused, out) => Some(r),
                     sig = signals.next() => {
@@ -184,16 +157,7 @@ pub async fn run_clusterctl(
                         let _ = writeln!(out, "handoff move: interrupted while stopping the source; passed the signal to clusterctl, which copies nothing");
                     }
                     Some(Ok(())) => {
-                        match lift_block_move(source, target, &opts.window, ns).await {
-                            Ok(lifted) if !lifted.is_empty() => {
-                                let _ = writeln!(out, "source: lifted handoff's {BLOCK_MOVE} from {}: clusterctl copies now", lifted.join(", "));
-                            }
-                            Ok(_) => {}
-                            // clusterctl stays held until it gives up; the way out lifts again.
-                            Err(e) => {
-                                let _ = writeln!(out, "warning: {e}; clusterctl stays held by handoff's block-move");
-                            }
-                        }
+                        let_clusterctl_copy(source, target, opts, out).await;
                         source_stopped = Some(Instant::now());
                     }
                     // The source could not be stopped: clusterctl must not copy with its
@@ -216,6 +180,71 @@ pub async fn run_clusterctl(
         interrupted,
         source_stopped,
     })
+}
+
+/// The source's Clusters in scope, once clusterctl has paused every one and the providers have
+/// lifted their block-moves; `None` while it waits (said once per change) or a read failed
+/// (retried at the next tick; clusterctl keeps waiting).
+async fn source_paused(
+    source: &Cluster,
+    opts: &MoveOptions,
+    last_wait: &mut Option<move_plan::Waiting>,
+    out: &mut dyn Write,
+) -> Option<Vec<String>> {
+    let ns = &opts.flags.namespace;
+    let read = async {
+        Ok::<_, WindowError>((
+            clusters_in(source, ns).await?,
+            scan(source, ns).await?.blocking,
+        ))
+    };
+    let (clusters, blocking) = match read.await {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = writeln!(out, "warning: {e}; trying again");
+            return None;
+        }
+    };
+    if let Err(waiting) = move_plan::source_ready(&clusters, &blocking, &opts.window) {
+        if last_wait.as_ref() != Some(&waiting) {
+            let _ = writeln!(out, "handoff move: waiting for {waiting}");
+            *last_wait = Some(waiting);
+        }
+        return None;
+    }
+    Some(
+        clusters
+            .iter()
+            .filter(|c| c.paused)
+            .map(|c| c.key.clone())
+            .collect(),
+    )
+}
+
+/// Both clusters proven stopped: handoff's block-move lifted, so that clusterctl copies. A
+/// lift that fails keeps clusterctl held until it gives up; the way out lifts again.
+async fn let_clusterctl_copy(
+    source: &Cluster,
+    target: &Cluster,
+    opts: &MoveOptions,
+    out: &mut dyn Write,
+) {
+    match lift_block_move(source, target, &opts.window, &opts.flags.namespace).await {
+        Ok(lifted) if !lifted.is_empty() => {
+            let _ = writeln!(
+                out,
+                "source: lifted handoff's {BLOCK_MOVE} from {}: clusterctl copies now",
+                lifted.join(", ")
+            );
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let _ = writeln!(
+                out,
+                "warning: {e}; clusterctl stays held by handoff's block-move"
+            );
+        }
+    }
 }
 
 /// `--dry-run`: clusterctl's own dry run, and handoff's plan for both clusters; nothing is

@@ -152,58 +152,58 @@ pub async fn plan_open(
                     longest = longest.max(l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS));
                 }
             }
-            let standby = match (
-                &ch.plan,
-                opts.standby && plan::needs_standby(ch.replicas, None),
-            ) {
-                (Stop::Lease(_), true) => {
-                    "add a standby replica (1 → 2, back to 1 on close), then "
-                }
-                _ => "",
-            };
-            let what = match &ch.plan {
-                Stop::Lease(leases) => leases
-                    .iter()
-                    .map(|l| match l.window() {
-                        Some(_) => format!(
-                            "Lease: {} already held (taken from {})",
-                            l.name,
-                            l.former_holder.as_deref().unwrap_or("?")
-                        ),
-                        None => format!(
-                            "Lease: would hold {} (held by {}, leaseDurationSeconds {})",
-                            l.name,
-                            if l.holder.is_empty() {
-                                "nobody"
-                            } else {
-                                &l.holder
-                            },
-                            l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS)
-                        ),
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ")
-                    .replacen(
-                        "Lease: would hold",
-                        &format!("Lease: would {standby}hold"),
-                        1,
-                    ),
-                Stop::Scale(PinPlan::AlreadyPinned(s)) => {
-                    format!("Scale: already pinned (restores to {s})")
-                }
-                Stop::Scale(PinPlan::PinnedUnreadable) => format!(
-                    "Scale: already at 0 with an unreadable {SAVED_REPLICAS_ANNOTATION} (close would restore 1)"
-                ),
-                Stop::Scale(PinPlan::Save(0)) => "Scale: already at 0: would save 0".to_string(),
-                Stop::Scale(PinPlan::Save(n)) => {
-                    format!("Scale: would pin to 0 replicas, saving {n}")
-                }
-            };
+            let what = planned(ch, opts.standby && plan::needs_standby(ch.replicas, None));
             let _ = writeln!(out, "{}: {}: {what}", c.label, ch.what());
         }
     }
     let _ = writeln!(out, "dry run: nothing was written");
     Ok(longest)
+}
+
+/// What `open` would do to one Deployment, said; `standby`: a standby replica comes first.
+fn planned(ch: &Choice, standby: bool) -> String {
+    let standby = match (&ch.plan, standby) {
+        (Stop::Lease(_), true) => "add a standby replica (1 → 2, back to 1 on close), then ",
+        _ => "",
+    };
+    match &ch.plan {
+        Stop::Lease(leases) => leases
+            .iter()
+            .map(|l| match l.window() {
+                Some(_) => format!(
+                    "Lease: {} already held (taken from {})",
+                    l.name,
+                    l.former_holder.as_deref().unwrap_or("?")
+                ),
+                None => format!(
+                    "Lease: would hold {} (held by {}, leaseDurationSeconds {})",
+                    l.name,
+                    if l.holder.is_empty() {
+                        "nobody"
+                    } else {
+                        &l.holder
+                    },
+                    l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS)
+                ),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+            .replacen(
+                "Lease: would hold",
+                &format!("Lease: would {standby}hold"),
+                1,
+            ),
+        Stop::Scale(PinPlan::AlreadyPinned(s)) => {
+            format!("Scale: already pinned (restores to {s})")
+        }
+        Stop::Scale(PinPlan::PinnedUnreadable) => format!(
+            "Scale: already at 0 with an unreadable {SAVED_REPLICAS_ANNOTATION} (close would restore 1)"
+        ),
+        Stop::Scale(PinPlan::Save(0)) => "Scale: already at 0: would save 0".to_string(),
+        Stop::Scale(PinPlan::Save(n)) => {
+            format!("Scale: would pin to 0 replicas, saving {n}")
+        }
+    }
 }
 
 /// What `open` will act by on this cluster, read without writing anything: the selector and

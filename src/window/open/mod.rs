@@ -331,85 +331,37 @@ pub async fn take(
 ) -> Result<Vec<Taken>> {
     let started = tokio::time::Instant::now();
     let chosen = checked(clusters, opts, out).await?;
-    // Who holds the Leases: asked once, and only where a Lease will be taken.
-    let mut operators: Vec<Option<String>> = Vec::new();
-    for (c, ((_, _, choices), _)) in clusters.iter().zip(&chosen) {
-        let needs = choices.iter().any(|ch| matches!(ch.plan, Stop::Lease(_)));
-        let me = match needs {
-            true => Some(lease::whoami(c).await?),
-            false => None,
-        };
-        if let Some(me) = &me {
-            for ch in choices {
-                let Stop::Lease(leases) = &ch.plan else {
-                    continue;
-                };
-                if let Some(message) = leases
-                    .iter()
-                    .find_map(|l| plan::held_for_another(l, &opts.name, me))
-                {
-                    return Err(WindowError::Refused {
-                        cluster: c.label.clone(),
-                        message: format!("{}: {message}", ch.what()),
-                    });
-                }
-            }
-        }
-        operators.push(me);
-    }
+    let operators = operators(clusters, &chosen, opts).await?;
     // Every window exists and is open before any Deployment is stopped anywhere, so a cluster
     // that fails here leaves no controller stopped without a window to close.
-    let mut bound = Vec::new();
-    let mut recorded = Vec::new();
+    let mut opened = Vec::new();
     for ((c, ((_, _, choices), _)), operator) in clusters.iter().zip(&chosen).zip(&operators) {
         let leased: Vec<PinnedDeployment> = choices.iter().filter_map(leased_record).collect();
-        let (b, status) = ensure_open(c, opts, &leased, out).await?;
-        bound.push(b);
-        recorded.push(status);
+        let (bound, status) = ensure_open(c, opts, &leased, out).await?;
         if let Some(op) = operator {
             record(c, &opts.name, |s| {
                 s.operator = Some(op.clone());
             })
             .await?;
         }
+        opened.push((bound, status));
     }
     let mut taken = Vec::new();
-    for ((((c, ((_, _, choices), services)), operator), bound), status) in clusters
-        .iter()
-        .zip(&chosen)
-        .zip(&operators)
-        .zip(&bound)
-        .zip(&recorded)
+    for (((c, ((_, _, choices), services)), operator), (bound, status)) in
+        clusters.iter().zip(&chosen).zip(&operators).zip(&opened)
     {
-        let mut keys = Vec::new();
+        let mut t = Taken {
+            cluster: c.clone(),
+            opts: opts.clone(),
+            leased: Vec::new(),
+            scaled: Vec::new(),
+            services: services.clone(),
+            started,
+        };
         if choices.is_empty() {
             let _ = writeln!(out, "{}: no Deployment is selected", c.label);
         }
-        for ch in choices {
-            let Stop::Scale(_) = &ch.plan else {
-                continue;
-            };
-            let (ns, name) = (ch.namespace.clone(), ch.name.clone());
-            let saved = pin_deployment(c, &ns, &name, out).await?;
-            record(c, &opts.name, |s| {
-                upsert_pinned(
-                    s,
-                    PinnedDeployment {
-                        namespace: ns.clone(),
-                        name: name.clone(),
-                        strategy: Some(Strategy::Scale),
-                        saved_replicas: saved,
-                        ..PinnedDeployment::default()
-                    },
-                );
-                s.last_step = Some(format!("pinned {ns}/{name}"));
-            })
-            .await?;
-            keys.push((ns, name));
-        }
-        if let (true, Some(first)) = (bound, keys.first()) {
-            wait_policy_in_force(c, first, out).await?;
-        }
+        t.scaled = pin_scaled(c, opts, choices, *bound, out).await?;
         let leased: Vec<&Choice> = choices
             .iter()
             .filter(|ch| matches!(ch.plan, Stop::Lease(_)))
@@ -417,23 +369,86 @@ pub async fn take(
         if opts.standby {
             add_standbys(c, opts, &leased, status, true, out).await?;
         }
-        let mut held = Vec::new();
         for ch in leased {
             let op = operator.as_deref().expect("asked where a Lease is taken");
             let h = take_leases(c, opts, ch, op, out).await?;
             let at = proven_at(&h);
-            held.push((ch.clone(), h, at));
+            t.leased.push((ch.clone(), h, at));
         }
-        taken.push(Taken {
-            cluster: c.clone(),
-            opts: opts.clone(),
-            leased: held,
-            scaled: keys,
-            services: services.clone(),
-            started,
-        });
+        taken.push(t);
     }
     Ok(taken)
+}
+
+/// Who holds the Leases, asked once and only where a Lease will be taken; refused where a
+/// Lease to take is another window's.
+async fn operators(
+    clusters: &[Cluster],
+    chosen: &[(Chosen, Vec<String>)],
+    opts: &OpenOptions,
+) -> Result<Vec<Option<String>>> {
+    let mut operators = Vec::new();
+    for (c, ((_, _, choices), _)) in clusters.iter().zip(chosen) {
+        if !choices.iter().any(|ch| matches!(ch.plan, Stop::Lease(_))) {
+            operators.push(None);
+            continue;
+        }
+        let me = lease::whoami(c).await?;
+        for ch in choices {
+            let Stop::Lease(leases) = &ch.plan else {
+                continue;
+            };
+            if let Some(message) = leases
+                .iter()
+                .find_map(|l| plan::held_for_another(l, &opts.name, &me))
+            {
+                return Err(WindowError::Refused {
+                    cluster: c.label.clone(),
+                    message: format!("{}: {message}", ch.what()),
+                });
+            }
+        }
+        operators.push(Some(me));
+    }
+    Ok(operators)
+}
+
+/// Pin each Scale-stopped Deployment to 0, recorded with the count it had; where the pin's
+/// admission policies are bound, wait until they are in force.
+async fn pin_scaled(
+    c: &Cluster,
+    opts: &OpenOptions,
+    choices: &[Choice],
+    bound: bool,
+    out: &mut dyn Write,
+) -> Result<Vec<(String, String)>> {
+    let mut keys = Vec::new();
+    for ch in choices {
+        let Stop::Scale(_) = &ch.plan else {
+            continue;
+        };
+        let (ns, name) = (ch.namespace.clone(), ch.name.clone());
+        let saved = pin_deployment(c, &ns, &name, out).await?;
+        record(c, &opts.name, |s| {
+            upsert_pinned(
+                s,
+                PinnedDeployment {
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                    strategy: Some(Strategy::Scale),
+                    saved_replicas: saved,
+                    ..PinnedDeployment::default()
+                },
+            );
+            s.last_step = Some(format!("pinned {ns}/{name}"));
+        })
+        .await?;
+        keys.push((ns, name));
+    }
+    if let (true, Some(first)) = (bound, keys.first()) {
+        wait_policy_in_force(c, first, out).await?;
+    }
+    Ok(keys)
 }
 
 /// Add a standby replica to each single-replica Lease-stopped Deployment (recorded before it
@@ -520,41 +535,17 @@ const FAST_POLL: Duration = Duration::from_millis(500);
 /// the window's and that the Lease-stopped controllers serve (a Ready pod, their webhook
 /// Services a ready endpoint), and wait for the pinned pods to be gone.
 pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
-    let proofs: Vec<(&Taken, &Choice, &Timestamp)> = taken
-        .iter()
-        .flat_map(|t| t.leased.iter().map(move |(ch, _, at)| (t, ch, at)))
-        .collect();
-    // The longest bound, named: the others end with it or before.
-    if let Some((t, ch, until)) = proofs.iter().max_by_key(|(_, _, at)| **at) {
-        let until = **until;
-        let left = until.duration_since(Timestamp::now()).as_secs_f64();
-        if left >= 0.5 {
-            let _ = writeln!(
-                out,
-                "waiting {left:.0}s, until {until}, for the former leaders of {} Deployment{} to be unable to lead (the last: {}: {})",
-                proofs.len(),
-                if proofs.len() == 1 { "" } else { "s" },
-                t.cluster.label,
-                ch.what()
-            );
-        }
-        lease::sleep_until(until, "the former leaders can no longer be leading", out).await;
-    }
+    wait_bounds(taken, out).await;
     for t in taken {
-        let c = &t.cluster;
         let deployments: Vec<(String, String)> = t
             .leased
             .iter()
             .map(|(ch, _, _)| (ch.namespace.clone(), ch.name.clone()))
             .collect();
-        for why in standby::wait_serving(
-            c,
-            &deployments,
-            &t.services,
-            SERVING_TIMEOUT,
-            t.opts.poll.min(FAST_POLL),
-        )
-        .await?
+        let poll = t.opts.poll.min(FAST_POLL);
+        for why in
+            standby::wait_serving(&t.cluster, &deployments, &t.services, SERVING_TIMEOUT, poll)
+                .await?
         {
             let _ = writeln!(out, "warning: {why}");
         }
@@ -567,67 +558,12 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
             .collect();
         wait_pods_gone(&scaled, &t.opts, out).await?;
     }
-    // Last, right before the callers rely on it (`handoff move` lifts its block-move next):
-    // every Lease still the window's, by its holder.
+    // Last, right before the callers rely on it (`handoff move` lifts its block-move next).
     for t in taken {
-        let c = &t.cluster;
-        for (ch, held, _) in &t.leased {
-            for h in held {
-                if let Some(holder) =
-                    lease::taken_from(c, &ch.namespace, &h.name, &t.opts.name).await?
-                {
-                    return Err(WindowError::Refused {
-                        cluster: c.label.clone(),
-                        message: format!(
-                            "{}: Lease {}/{} was taken back by {} while MoveWindow {} held it, so its controllers may be running: the same command again takes it again and proves it anew",
-                            ch.what(),
-                            ch.namespace,
-                            h.name,
-                            if holder.is_empty() {
-                                "nobody (written free by someone)"
-                            } else {
-                                &holder
-                            },
-                            t.opts.name
-                        ),
-                    });
-                }
-            }
-        }
+        still_held(t).await?;
     }
     for t in taken {
-        let c = &t.cluster;
-        for (ch, _, at) in &t.leased {
-            record(c, &t.opts.name, |s| {
-                if let Some(p) = pinned_mut(s, &ch.namespace, &ch.name) {
-                    p.stopped_since.get_or_insert_with(|| at.to_string());
-                }
-                s.last_step = Some(format!("stopped {}", ch.what()));
-            })
-            .await?;
-        }
-        if !t.leased.is_empty() {
-            let _ = writeln!(
-                out,
-                "{}: stopped and serving: {} (no former leader can be leading since {}; a Ready pod each)",
-                c.label,
-                t.leased
-                    .iter()
-                    .map(|(ch, _, _)| ch.what())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                t.proven_at()
-            );
-        }
-        record(c, &t.opts.name, |s| {
-            s.phase = Some(WindowPhase::Open);
-            if !t.opts.wait_timeout.is_zero() {
-                s.pods_gone_at.get_or_insert_with(now);
-            }
-            s.last_step = Some("stopped".into());
-        })
-        .await?;
-        let _ = writeln!(out, "{}: MoveWindow {} is open", c.label, t.opts.name);
+        record_proven(t, out).await?;
     }
     if let Some(started) = taken.iter().map(|t| t.started).min() {
         let _ = writeln!(
@@ -636,5 +572,94 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
             started.elapsed().as_secs_f64()
         );
     }
+    Ok(())
+}
+
+/// Until the former leaders can no longer be leading: the longest bound, named (the others
+/// end with it or before).
+async fn wait_bounds(taken: &[Taken], out: &mut dyn Write) {
+    let proofs: Vec<(&Taken, &Choice, &Timestamp)> = taken
+        .iter()
+        .flat_map(|t| t.leased.iter().map(move |(ch, _, at)| (t, ch, at)))
+        .collect();
+    let Some((t, ch, until)) = proofs.iter().max_by_key(|(_, _, at)| **at) else {
+        return;
+    };
+    let until = **until;
+    let left = until.duration_since(Timestamp::now()).as_secs_f64();
+    if left >= 0.5 {
+        let _ = writeln!(
+            out,
+            "waiting {left:.0}s, until {until}, for the former leaders of {} Deployment{} to be unable to lead (the last: {}: {})",
+            proofs.len(),
+            if proofs.len() == 1 { "" } else { "s" },
+            t.cluster.label,
+            ch.what()
+        );
+    }
+    lease::sleep_until(until, "the former leaders can no longer be leading", out).await;
+}
+
+/// Every Lease still the window's, by its holder: one taken back means its controllers may
+/// be running.
+async fn still_held(t: &Taken) -> Result<()> {
+    let c = &t.cluster;
+    for (ch, held, _) in &t.leased {
+        for h in held {
+            let Some(holder) = lease::taken_from(c, &ch.namespace, &h.name, &t.opts.name).await?
+            else {
+                continue;
+            };
+            return Err(WindowError::Refused {
+                cluster: c.label.clone(),
+                message: format!(
+                    "{}: Lease {}/{} was taken back by {} while MoveWindow {} held it, so its controllers may be running: the same command again takes it again and proves it anew",
+                    ch.what(),
+                    ch.namespace,
+                    h.name,
+                    if holder.is_empty() {
+                        "nobody (written free by someone)"
+                    } else {
+                        &holder
+                    },
+                    t.opts.name
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Record each Deployment stopped since its bound, and the window open.
+async fn record_proven(t: &Taken, out: &mut dyn Write) -> Result<()> {
+    let c = &t.cluster;
+    for (ch, _, at) in &t.leased {
+        record(c, &t.opts.name, |s| {
+            if let Some(p) = pinned_mut(s, &ch.namespace, &ch.name) {
+                p.stopped_since.get_or_insert_with(|| at.to_string());
+            }
+            s.last_step = Some(format!("stopped {}", ch.what()));
+        })
+        .await?;
+    }
+    if !t.leased.is_empty() {
+        let what: Vec<String> = t.leased.iter().map(|(ch, _, _)| ch.what()).collect();
+        let _ = writeln!(
+            out,
+            "{}: stopped and serving: {} (no former leader can be leading since {}; a Ready pod each)",
+            c.label,
+            what.join(", "),
+            t.proven_at()
+        );
+    }
+    record(c, &t.opts.name, |s| {
+        s.phase = Some(WindowPhase::Open);
+        if !t.opts.wait_timeout.is_zero() {
+            s.pods_gone_at.get_or_insert_with(now);
+        }
+        s.last_step = Some("stopped".into());
+    })
+    .await?;
+    let _ = writeln!(out, "{}: MoveWindow {} is open", c.label, t.opts.name);
     Ok(())
 }
