@@ -123,6 +123,20 @@ impl Ca {
     }
 }
 
+/// The names `handoff certs` puts on the serving certificate by default: both Services as the
+/// manifests deploy them (short and cluster-local), and localhost.
+pub fn default_dns_names() -> Vec<String> {
+    use crate::rules::move_window::{GUARD_DEPLOYMENT, HANDOFF_NAMESPACE, PIN_DEPLOYMENT};
+    let svc = |name: &str, suffix: &str| format!("{name}.{HANDOFF_NAMESPACE}.svc{suffix}");
+    vec![
+        svc(GUARD_DEPLOYMENT, ""),
+        svc(PIN_DEPLOYMENT, ""),
+        svc(GUARD_DEPLOYMENT, ".cluster.local"),
+        svc(PIN_DEPLOYMENT, ".cluster.local"),
+        "localhost".into(),
+    ]
+}
+
 /// A CA valid for `days`, and a serving certificate for `dns_names` and `ips` signed by it.
 pub fn generate(
     dns_names: &[String],

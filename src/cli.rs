@@ -14,10 +14,6 @@ use handoff::webhook::Webhook;
 const WAIT_TIMEOUT: &str = "5m";
 const RESTORE_TIMEOUT: &str = "1m";
 const LEAD_TIMEOUT: &str = "2m";
-/// The pin's own Deployment, as the manifests deploy it.
-const OWN_DEPLOYMENT: &str = "handoff-system/handoff-pin";
-/// The ConfigMap the admission policies take their parameters from.
-const POLICY_PARAMS: &str = "handoff-system/handoff-sync-targets";
 
 /// `handoff --version`: the crate's version and the commit it was built from (build.rs).
 pub const VERSION: &str = concat!(
@@ -121,7 +117,7 @@ pub struct MoveArgs {
     #[arg(long, value_name = "DURATION", default_value = LEAD_TIMEOUT, value_parser = duration)]
     pub lead_timeout: Duration,
     /// handoff's own Deployment (NAMESPACE/NAME), never stopped.
-    #[arg(long, value_name = "NS/NAME", default_value = OWN_DEPLOYMENT, value_parser = own_deployment)]
+    #[arg(long, value_name = "NS/NAME", default_value_t = OwnDeployment::default(), value_parser = own_deployment)]
     pub own_deployment: OwnDeployment,
 }
 
@@ -143,12 +139,12 @@ pub struct PolicyArgs {
     #[arg(
         long,
         value_name = "NS/NAME",
-        default_value = POLICY_PARAMS,
+        default_value_t = handoff::admission_policy::ParamsRef::default(),
         global = true
     )]
     pub params: handoff::admission_policy::ParamsRef,
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned.
-    #[arg(long, value_name = "NS/NAME", default_value = OWN_DEPLOYMENT, value_parser = own_deployment, global = true)]
+    #[arg(long, value_name = "NS/NAME", default_value_t = OwnDeployment::default(), value_parser = own_deployment, global = true)]
     pub own_deployment: OwnDeployment,
 }
 
@@ -185,7 +181,7 @@ pub struct WindowArgs {
     #[arg(long, global = true)]
     pub target_context: Option<String>,
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned.
-    #[arg(long, value_name = "NS/NAME", default_value = OWN_DEPLOYMENT, value_parser = own_deployment, global = true)]
+    #[arg(long, value_name = "NS/NAME", default_value_t = OwnDeployment::default(), value_parser = own_deployment, global = true)]
     pub own_deployment: OwnDeployment,
 }
 
@@ -290,18 +286,18 @@ pub struct StateArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// handoff's own Deployment (NAMESPACE/NAME), never pinned by a MoveWindow.
-    #[arg(long, value_name = "NS/NAME", default_value = OWN_DEPLOYMENT, value_parser = own_deployment)]
+    #[arg(long, value_name = "NS/NAME", default_value_t = OwnDeployment::default(), value_parser = own_deployment)]
     pub own_deployment: OwnDeployment,
     /// How long a watch may keep failing before its cache counts as stale (readiness fails and
     /// decisions that need it deny).
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = handoff::state::STALE_AFTER.0, value_parser = duration)]
     pub stale_after: Duration,
     /// How old the namespace view may be (time since the watch last delivered anything) before
     /// a sync target's delete is allowed only after reading its namespace afresh.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = handoff::state::MAX_STALENESS.0, value_parser = duration)]
     pub max_staleness: Duration,
     /// How long a cache-miss lookup may wait for the API server before the guard denies.
-    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = handoff::state::API_TIMEOUT.0, value_parser = duration)]
     pub api_timeout: Duration,
     /// kubeconfig for kcp (its base URL; a workspace URL is cut back to it). The guard then also
     /// reads the kcp namespace each located namespace's locator names, at
@@ -336,13 +332,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "BYTES", default_value_t = server::Limits::default().body_limit)]
     pub body_limit: usize,
     /// Deadline when the API server sends no ?timeout=.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = server::DEFAULT_TIMEOUT.0, value_parser = duration)]
     pub default_timeout: Duration,
     /// Requests decided at once; more wait.
     #[arg(long, value_name = "N", default_value_t = server::Limits::default().max_concurrency as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrency: u32,
     /// How long a request waits for a slot before it is shed with 503.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = server::QUEUE_TIMEOUT.0, value_parser = duration)]
     pub queue_timeout: Duration,
     /// On SIGTERM, how long readiness fails before the listener closes (endpoint removal).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
@@ -365,7 +361,7 @@ pub struct ServeArgs {
     #[arg(
         long,
         value_name = "NS/NAME",
-        default_value = POLICY_PARAMS
+        default_value_t = handoff::admission_policy::ParamsRef::default()
     )]
     pub policy_params: handoff::admission_policy::ParamsRef,
     /// How often the guard compares that ConfigMap with what it computes, and updates it.
@@ -392,7 +388,7 @@ pub struct CertsArgs {
     #[arg(long, default_value = "certs")]
     pub out: PathBuf,
     /// DNS names of the serving certificate (repeatable).
-    #[arg(long = "dns", value_name = "NAME", default_values_t = ["handoff-guard.handoff-system.svc".to_string(), "handoff-pin.handoff-system.svc".to_string(), "handoff-guard.handoff-system.svc.cluster.local".to_string(), "handoff-pin.handoff-system.svc.cluster.local".to_string(), "localhost".to_string()])]
+    #[arg(long = "dns", value_name = "NAME", default_values_t = handoff::certs::default_dns_names())]
     pub dns: Vec<String>,
     /// IP addresses of the serving certificate (repeatable).
     #[arg(long = "ip", value_name = "IP", default_values_t = [IpAddr::from([127, 0, 0, 1])])]

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod admission_policy;
 pub mod certs;
 pub mod config;
+pub mod duration;
 pub mod resources;
 pub mod rules;
 pub mod server;

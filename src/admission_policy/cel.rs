@@ -80,7 +80,7 @@ pub fn validation_actions(mode: Mode) -> Value {
 /// Never in the path of the control plane or of handoff itself, as the webhooks' own
 /// `namespaceSelector` (for a Namespace, this selects on the Namespace itself).
 pub(super) fn namespace_selector() -> Value {
-    json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "handoff-system"]}]})
+    json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", crate::rules::move_window::HANDOFF_NAMESPACE]}]})
 }
 
 /// A label selector as CEL over `labels` (a map): Kubernetes' semantics (`NotIn` and

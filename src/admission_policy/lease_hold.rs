@@ -27,7 +27,7 @@ pub fn lease_hold_policy(rollout: &Rollout) -> Value {
             // guarded); Ignore would let a controller take its Lease back on a policy error.
             "failurePolicy": "Fail",
             "matchConstraints": {
-                "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kube-node-lease", "handoff-system"]}]},
+                "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kube-node-lease", crate::rules::move_window::HANDOFF_NAMESPACE]}]},
                 "objectSelector": {"matchExpressions": [{"key": HELD_BY_LABEL, "operator": "Exists"}]},
                 "resourceRules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"], "operations": ["UPDATE", "DELETE"], "resources": ["leases"]}],
             },

@@ -55,7 +55,7 @@ pub struct ParamsRef {
 impl Default for ParamsRef {
     fn default() -> Self {
         ParamsRef {
-            namespace: "handoff-system".into(),
+            namespace: crate::rules::move_window::HANDOFF_NAMESPACE.into(),
             name: "handoff-sync-targets".into(),
         }
     }

@@ -1,8 +1,6 @@
 //! `handoff window` and `handoff move`: the flags become the window's options, and an API
 //! error names the API server it could not reach.
 
-use std::time::Duration;
-
 use anyhow::Context as _;
 
 use crate::cli::{MoveArgs, Output, WindowArgs, WindowCommand};
@@ -100,7 +98,7 @@ async fn window_command(
                 reason,
                 allow_webhook_outage,
                 wait_timeout,
-                poll: Duration::from_secs(2),
+                poll: handoff::window::OPEN_POLL,
                 own: own_deployment,
                 stop: stop.map(Into::into),
                 standby: !no_standby,
@@ -121,8 +119,8 @@ async fn window_command(
             let opts = ops::CloseOptions {
                 name,
                 restore_timeout,
-                poll: Duration::from_millis(500),
-                settle: Duration::from_secs(3),
+                poll: handoff::window::CLOSE_POLL,
+                settle: handoff::window::CLOSE_SETTLE,
                 lead_timeout,
             };
             ops::close(&ordered, &opts, &mut out).await?;
@@ -176,7 +174,7 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
             reason: None,
             allow_webhook_outage: a.allow_webhook_outage,
             wait_timeout: a.wait_timeout,
-            poll: Duration::from_secs(2),
+            poll: handoff::window::OPEN_POLL,
             own: a.own_deployment,
             stop: a.stop.map(Into::into),
             standby: !a.no_standby,
@@ -185,11 +183,11 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
         close: window::CloseOptions {
             name,
             restore_timeout: a.restore_timeout,
-            poll: Duration::from_millis(500),
-            settle: Duration::from_secs(3),
+            poll: handoff::window::CLOSE_POLL,
+            settle: handoff::window::CLOSE_SETTLE,
             lead_timeout: a.lead_timeout,
         },
-        poll: Duration::from_secs(1),
+        poll: handoff::window::MOVE_POLL,
     };
     let source = Cluster {
         label: "source".into(),

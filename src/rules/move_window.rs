@@ -43,11 +43,34 @@ pub struct OpenWindow {
     pub selector: Selector,
 }
 
+/// The namespace the manifests install handoff into.
+pub const HANDOFF_NAMESPACE: &str = "handoff-system";
+/// The pin's Deployment there (and its Service), as the manifests deploy it.
+pub const PIN_DEPLOYMENT: &str = "handoff-pin";
+/// The guard's Deployment there (and its Service).
+pub const GUARD_DEPLOYMENT: &str = "handoff-guard";
+
 /// handoff's own Deployment, which is never pinned (it serves the webhook that would unpin).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnDeployment {
     pub namespace: String,
     pub name: String,
+}
+
+/// The pin's Deployment as the manifests deploy it.
+impl Default for OwnDeployment {
+    fn default() -> Self {
+        OwnDeployment {
+            namespace: HANDOFF_NAMESPACE.into(),
+            name: PIN_DEPLOYMENT.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for OwnDeployment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 /// What the edge knows of the Deployment behind a scale request.

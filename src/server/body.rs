@@ -1,6 +1,7 @@
 //! What the request path knows of time and size: the deadline the API server gives a review
 //! (`?timeout=`), and the body read within it and within the limit.
 
+use crate::duration::parse_go_duration;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -38,39 +39,6 @@ pub fn request_timeout(query: Option<&str>, default: Duration) -> Duration {
         .and_then(parse_go_duration)
         .unwrap_or(default)
         .min(Duration::from_secs(600))
-}
-
-/// The subset of Go's duration syntax the API server writes: `10s`, `1m0s`, `500ms`.
-pub fn parse_go_duration(s: &str) -> Option<Duration> {
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    if rest.is_empty() {
-        return None;
-    }
-    if rest == "0" {
-        return Some(Duration::ZERO);
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(rest.len());
-        let value: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            "us" | "µs" => 0.000_001,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total = total.checked_add(Duration::try_from_secs_f64(value * unit).ok()?)?;
-    }
-    Some(total)
 }
 
 pub(super) enum BodyError {

@@ -14,11 +14,13 @@ mod serve;
 mod stack;
 pub mod tls;
 
-pub use body::{parse_go_duration, request_timeout};
+pub use crate::duration::parse_go_duration;
+pub use body::request_timeout;
 pub use listener::{run, run_plain};
 pub use serve::{Options, Server, ServingTls};
 pub(crate) use stack::router;
 
+use crate::duration::GoDuration;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -54,13 +56,18 @@ pub struct Limits {
     pub h2_keep_alive_timeout: Duration,
 }
 
+/// The deadline when the API server sends no `?timeout=` (`--default-timeout`).
+pub const DEFAULT_TIMEOUT: GoDuration = GoDuration("10s");
+/// How long a request waits for a slot (`--queue-timeout`).
+pub const QUEUE_TIMEOUT: GoDuration = GoDuration("1s");
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             body_limit: 8 * 1024 * 1024,
-            default_timeout: Duration::from_secs(10),
+            default_timeout: DEFAULT_TIMEOUT.get(),
             max_concurrency: 1024,
-            queue_timeout: Duration::from_secs(1),
+            queue_timeout: QUEUE_TIMEOUT.get(),
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             h2_keep_alive_interval: Duration::from_secs(30),

@@ -9,6 +9,7 @@ pub mod single_flight;
 pub mod telemetry;
 pub mod windows;
 
+use crate::duration::GoDuration;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -221,6 +222,14 @@ pub struct State {
 /// A namespace's annotations as a read finds them.
 type Annotations = Option<std::collections::BTreeMap<String, String>>;
 
+/// How long a watch may keep failing before its cache counts as stale (`--stale-after`).
+pub const STALE_AFTER: GoDuration = GoDuration("30s");
+/// How old the namespace view may be before a sync target's delete reads its namespace
+/// afresh (`--max-staleness`).
+pub const MAX_STALENESS: GoDuration = GoDuration("10s");
+/// How long a read that a decision waits on may take (`--api-timeout`).
+pub const API_TIMEOUT: GoDuration = GoDuration("3s");
+
 impl State {
     pub fn new(ids: Identities) -> Self {
         State {
@@ -231,14 +240,11 @@ impl State {
             client: None,
             windows: WindowCache::default(),
             deployments: DeploymentCache::default(),
-            own: OwnDeployment {
-                namespace: "handoff-system".into(),
-                name: "handoff-pin".into(),
-            },
-            api_timeout: Duration::from_secs(3),
+            own: OwnDeployment::default(),
+            api_timeout: API_TIMEOUT.get(),
             watches: Watches::default(),
-            stale_after: Duration::from_secs(30),
-            max_staleness: Duration::from_secs(10),
+            stale_after: STALE_AFTER.get(),
+            max_staleness: MAX_STALENESS.get(),
             kcp: None,
             telemetry: Default::default(),
             reads: Default::default(),

@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::resources::move_window::{
     MoveRole, MoveWindow, MoveWindowStatus, PinnedDeployment, WindowState,
 };
-use crate::rules::move_window::OwnDeployment;
+use crate::rules::move_window::{HANDOFF_NAMESPACE, OwnDeployment, PIN_DEPLOYMENT};
 use crate::rules::selector::Selector;
 
 /// One cluster a command acts on.
@@ -99,8 +99,9 @@ pub fn handoff_webhook_down(e: &kube::Error) -> String {
         _ if s.message.contains("move-window.handoff.dev") => "a Cluster API provider's Deployment",
         _ => return String::new(),
     };
+    let (ns, pin) = (HANDOFF_NAMESPACE, PIN_DEPLOYMENT);
     format!(
-        "\nhandoff's webhook is not answering (the handoff-pin Deployment), and it fails closed: nobody can change {held} until it answers again, this command included; what the window holds stays held meanwhile. Bring it back (kubectl -n handoff-system rollout status deployment/handoff-pin; its pods' logs say why it is down), then run the same command again"
+        "\nhandoff's webhook is not answering (the {pin} Deployment), and it fails closed: nobody can change {held} until it answers again, this command included; what the window holds stays held meanwhile. Bring it back (kubectl -n {ns} rollout status deployment/{pin}; its pods' logs say why it is down), then run the same command again"
     )
 }
 

@@ -18,9 +18,9 @@ mod preflight;
 mod standby;
 mod status;
 
-pub use close::{CloseOptions, Restored, close};
+pub use close::{CLOSE_POLL, CLOSE_SETTLE, CloseOptions, Restored, close};
 pub use common::{Cluster, Finding, WindowError};
-pub use mover::{MoveOptions, run as move_run};
-pub use open::{OpenOptions, check, open, plan_open};
+pub use mover::{MOVE_POLL, MoveOptions, run as move_run};
+pub use open::{OPEN_POLL, OpenOptions, check, open, plan_open};
 pub use preflight::preflight;
 pub use status::{DeploymentReport, LeaseReport, WindowReport, render_table, status};

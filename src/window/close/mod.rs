@@ -17,6 +17,11 @@ use super::lease;
 use crate::resources::move_window::{MoveWindow, MoveWindowStatus, Strategy, WindowState};
 use crate::resources::phase::WindowPhase;
 
+/// How often `close` reads what it waits for (a restore, a leader again).
+pub const CLOSE_POLL: Duration = Duration::from_millis(500);
+/// How long after its restores `close` looks again for one pinned anew.
+pub const CLOSE_SETTLE: Duration = Duration::from_secs(3);
+
 #[derive(Debug, Clone)]
 pub struct CloseOptions {
     pub name: String,

@@ -25,6 +25,9 @@ use child::Signals;
 use cluster_api::{CLUSTER_CLASSES, clusters_in, paused_in, scan, secrets_in};
 use clusterctl::dry_run;
 
+/// How often the source is read while clusterctl waits on handoff's block-move.
+pub const MOVE_POLL: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone)]
 pub struct MoveOptions {
     pub window: String,

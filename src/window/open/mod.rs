@@ -35,6 +35,9 @@ pub use choose::plan_open;
 use choose::{Stop, choose, leased};
 use k8s_openapi::jiff::Timestamp;
 
+/// How often `open` reads what it waits for (pods gone, a Lease's holder).
+pub const OPEN_POLL: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
     pub name: String,
