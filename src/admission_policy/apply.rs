@@ -205,20 +205,51 @@ async fn open_windows(
         .collect())
 }
 
+/// Why `handoff policy` could not show, install or uninstall the policies.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "config: these identities cannot be published to the admission policy, which would then never hold them: {}",
+        .0.join("; ")
+    )]
+    Unpublishable(Vec<String>),
+    #[error(
+        "namespace {0} does not exist: apply the manifests first (kubectl apply -k manifests/overlays/cert-manager), create it, or pass --params NAMESPACE/NAME"
+    )]
+    NoNamespace(String),
+    #[error("rendering YAML: {0}")]
+    Yaml(#[from] crate::yaml::YamlError),
+}
+
+/// A kube error, said with what was being done.
+fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> PolicyError {
+    let what = what.into();
+    move |source| PolicyError::Api { what, source }
+}
+
 /// What `show` prints and `install` applies: the objects and the notes about them.
 pub async fn plan(
     client: &kube::Client,
     inst: &Install,
-) -> anyhow::Result<(Vec<Value>, Vec<String>)> {
-    let served = served(client).await?;
-    let located = located_in_cluster(client, &inst.ids).await?;
+) -> Result<(Vec<Value>, Vec<String>), PolicyError> {
+    let served = served(client)
+        .await
+        .map_err(api_err("reading which admission APIs the cluster serves"))?;
+    let located = located_in_cluster(client, &inst.ids)
+        .await
+        .map_err(api_err("listing namespaces"))?;
     let dir = directory(&inst.ids, &located);
-    let windows = open_windows(client, served).await?;
+    let windows = open_windows(client, served)
+        .await
+        .map_err(api_err("listing MoveWindows"))?;
     if !dir.unpublishable.is_empty() {
-        anyhow::bail!(
-            "config: these identities cannot be published to the admission policy, which would then never hold them: {}",
-            dir.unpublishable.join("; ")
-        );
+        return Err(PolicyError::Unpublishable(dir.unpublishable));
     }
     let mut notes = gaps(served);
     notes.extend(
@@ -229,11 +260,11 @@ pub async fn plan(
     Ok((objects(inst, &dir, served, &windows), notes))
 }
 
-pub fn render_yaml(objects: &[Value]) -> anyhow::Result<String> {
+pub fn render_yaml(objects: &[Value]) -> Result<String, PolicyError> {
     let mut out = String::new();
     for o in objects {
         out.push_str("---\n");
-        out.push_str(&crate::yaml::to_string(o).map_err(|e| anyhow::anyhow!(e))?);
+        out.push_str(&crate::yaml::to_string(o)?);
     }
     Ok(out)
 }
@@ -242,24 +273,27 @@ pub async fn install(
     client: &kube::Client,
     inst: &Install,
     out: &mut dyn std::io::Write,
-) -> anyhow::Result<()> {
+) -> Result<(), PolicyError> {
     let (objects, notes) = plan(client, inst).await?;
     for n in &notes {
         let _ = writeln!(out, "note: {n}");
     }
     if objects.iter().any(|o| o["kind"] == "ConfigMap") {
         let ns: Api<Namespace> = Api::all(client.clone());
-        if ns.get_opt(&inst.params.namespace).await?.is_none() {
-            anyhow::bail!(
-                "namespace {} does not exist: apply the manifests first (kubectl apply -k manifests/overlays/cert-manager), create it, or pass --params NAMESPACE/NAME",
-                inst.params.namespace
-            );
+        let namespace = &inst.params.namespace;
+        if ns
+            .get_opt(namespace)
+            .await
+            .map_err(api_err(format!("reading namespace {namespace}")))?
+            .is_none()
+        {
+            return Err(PolicyError::NoNamespace(namespace.clone()));
         }
     }
     for o in &objects {
         apply(client, o)
             .await
-            .map_err(|e| anyhow::anyhow!("applying {}: {e}", describe(o)))?;
+            .map_err(api_err(format!("applying {}", describe(o))))?;
         let _ = writeln!(out, "applied {}", describe(o));
     }
     if let Some(cm) = objects.iter().find(|o| o["kind"] == "ConfigMap") {
@@ -279,8 +313,10 @@ pub async fn uninstall(
     client: &kube::Client,
     params: &ParamsRef,
     out: &mut dyn std::io::Write,
-) -> anyhow::Result<()> {
-    let served = served(client).await?;
+) -> Result<(), PolicyError> {
+    let served = served(client)
+        .await
+        .map_err(api_err("reading which admission APIs the cluster serves"))?;
     let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
     let mut doomed: Vec<Value> = Vec::new();
     for (served, kinds) in [
@@ -303,7 +339,8 @@ pub async fn uninstall(
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource(kind));
             let mut names: Vec<String> = api
                 .list_metadata(&ListParams::default().labels(&selector))
-                .await?
+                .await
+                .map_err(api_err(format!("listing {kind}s")))?
                 .items
                 .into_iter()
                 .filter_map(|o| o.metadata.name)
@@ -332,7 +369,7 @@ pub async fn uninstall(
     for o in &doomed {
         if delete(client, o)
             .await
-            .map_err(|e| anyhow::anyhow!("deleting {}: {e}", describe(o)))?
+            .map_err(api_err(format!("deleting {}", describe(o))))?
         {
             let _ = writeln!(out, "deleted {}", describe(o));
         }

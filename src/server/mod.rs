@@ -12,12 +12,13 @@ pub mod metrics;
 mod refusal;
 mod serve;
 mod stack;
+mod supervisor;
 pub mod tls;
 
 pub use crate::duration::parse_go_duration;
 pub use body::request_timeout;
 pub use listener::{run, run_plain};
-pub use serve::{Options, Server, ServingTls};
+pub use serve::{BindError, Options, Server, ServingTls};
 pub(crate) use stack::router;
 
 use crate::duration::GoDuration;

@@ -19,6 +19,14 @@ impl StateDoc {
         format!("{} (document {})", self.file.display(), self.index)
     }
 
+    /// This document is not what `--state` takes: `message` says why.
+    pub fn invalid(&self, message: impl Into<String>) -> StateError {
+        StateError::Doc {
+            place: self.place(),
+            message: message.into(),
+        }
+    }
+
     /// Deserialize into a typed object, naming the file and the field on error.
     pub fn parse<T: for<'de> Deserialize<'de>>(&self) -> Result<T, StateError> {
         T::deserialize(&self.value).map_err(|e| StateError::Doc {

@@ -327,7 +327,7 @@ impl State {
 
     /// State from a folder of YAML manifests. Kinds it does not read are an error, so that a
     /// typo in `kind` does not silently leave a namespace unguarded.
-    pub fn from_dir(dir: &Path, ids: Identities) -> anyhow::Result<Self> {
+    pub fn from_dir(dir: &Path, ids: Identities) -> Result<Self, files::StateError> {
         let state = State::new(ids);
         let mut windows = Vec::new();
         // One document at a time, straight into the caches: nothing holds the whole folder.
@@ -339,7 +339,7 @@ impl State {
                     let ns: Namespace = doc.parse()?;
                     let name = ns.metadata.name.clone().unwrap_or_default();
                     if name.is_empty() {
-                        anyhow::bail!("{}: Namespace has no metadata.name", doc.place());
+                        return Err(doc.invalid("Namespace has no metadata.name"));
                     }
                     state.namespaces.relist_apply(
                         &name,
@@ -352,11 +352,11 @@ impl State {
                 "MoveWindow" => {
                     let w: MoveWindow = doc.parse()?;
                     if w.metadata.name.as_deref().unwrap_or("").is_empty() {
-                        anyhow::bail!("{}: MoveWindow has no metadata.name", doc.place());
+                        return Err(doc.invalid("MoveWindow has no metadata.name"));
                     }
-                    w.spec.selector().map_err(|e| {
-                        anyhow::anyhow!("{}: spec.deploymentSelector: {e}", doc.place())
-                    })?;
+                    w.spec
+                        .selector()
+                        .map_err(|e| doc.invalid(format!("spec.deploymentSelector: {e}")))?;
                     windows.push(w);
                 }
                 "Deployment" => {
@@ -364,9 +364,8 @@ impl State {
                     let (Some(ns), Some(name)) =
                         (d.metadata.namespace.as_deref(), d.metadata.name.as_deref())
                     else {
-                        anyhow::bail!(
-                            "{}: Deployment needs metadata.namespace and metadata.name",
-                            doc.place()
+                        return Err(
+                            doc.invalid("Deployment needs metadata.namespace and metadata.name")
                         );
                     };
                     state.deployments.relist_apply(
@@ -378,12 +377,13 @@ impl State {
                         ),
                     );
                 }
-                other => anyhow::bail!(
-                    "{}: kind {other:?} is not one handoff reads from --state (Namespace, MoveWindow, Deployment)",
-                    doc.place()
-                ),
+                other => {
+                    return Err(doc.invalid(format!(
+                        "kind {other:?} is not one handoff reads from --state (Namespace, MoveWindow, Deployment)"
+                    )));
+                }
             }
-            Ok::<_, anyhow::Error>(())
+            Ok::<_, files::StateError>(())
         })?;
         state.namespaces.end_relist();
         state.windows.replace_all(&windows);
