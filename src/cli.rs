@@ -119,6 +119,8 @@ pub struct MoveArgs {
     /// handoff's own Deployment (NAMESPACE/NAME), never stopped.
     #[arg(long, value_name = "NS/NAME", default_value_t = OwnDeployment::default(), value_parser = own_deployment)]
     pub own_deployment: OwnDeployment,
+    #[command(flatten)]
+    pub progress: ProgressArgs,
 }
 
 #[derive(Args)]
@@ -217,6 +219,8 @@ pub enum WindowCommand {
         /// How long to wait for the pinned pods to be gone (0 to not wait).
         #[arg(long, value_name = "DURATION", default_value = WAIT_TIMEOUT, value_parser = duration)]
         wait_timeout: Duration,
+        #[command(flatten)]
+        progress: ProgressArgs,
     },
     /// Close the MoveWindow, then restore every pinned Deployment and release every held
     /// Lease, waiting until each controller runs or leads again (target first, then source).
@@ -229,6 +233,8 @@ pub enum WindowCommand {
         /// How long a released Lease may stay without a pod of its Deployment leading.
         #[arg(long, value_name = "DURATION", default_value = LEAD_TIMEOUT, value_parser = duration)]
         lead_timeout: Duration,
+        #[command(flatten)]
+        progress: ProgressArgs,
     },
     /// Show windows, their pinned Deployments and saved counts.
     Status {
@@ -261,6 +267,24 @@ impl From<StopArg> for handoff::resources::move_window::StopPolicy {
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Output {
     Table,
+    Json,
+}
+
+/// How a command that stops or restores controllers reports its progress.
+#[derive(Args)]
+pub struct ProgressArgs {
+    /// text: lines on standard error; json: one JSON object a line on standard output (each
+    /// step of a move, each line said, warnings and details), for CI pipelines and wrappers.
+    #[arg(long, short = 'o', value_enum, default_value_t = ProgressOutput::Text)]
+    pub output: ProgressOutput,
+    /// Also say each Lease, binding and standby one by one, and each step of a move.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ProgressOutput {
+    Text,
     Json,
 }
 

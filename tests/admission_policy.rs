@@ -743,13 +743,38 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
         "{unknown}"
     );
 
-    let out = handoff_cmd(&api, &["window", "open", "eq", "--wait-timeout", "0s"]);
+    // With -o json: every event one JSON object a line on standard output, the binding and
+    // the proof of the pin as details (text shows them only with -v).
+    let out = handoff_cmd(
+        &api,
+        &["window", "open", "eq", "--wait-timeout", "0s", "-o", "json"],
+    );
     assert!(out.status.success(), "window open: {}", text(&out.stderr));
-    let said = text(&out.stderr);
+    let events: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let said = |level: &str, what: &str| {
+        events.iter().any(|e| {
+            e["event"] == "say"
+                && e["level"] == level
+                && e["text"].as_str().is_some_and(|t| t.contains(what))
+        })
+    };
     assert!(
-        said.contains("bound the pin's MutatingAdmissionPolicies to MoveWindow eq")
-            && said.contains("pinned in the API server: a dry run asking pin-capi/pre"),
-        "{said}"
+        said(
+            "detail",
+            "bound the pin's MutatingAdmissionPolicies to MoveWindow eq"
+        ) && said(
+            "detail",
+            "pinned in the API server: a dry run asking pin-capi/pre"
+        ) && said("info", "MoveWindow eq is open"),
+        "{events:#?}"
+    );
+    assert_eq!(
+        text(&out.stderr),
+        "",
+        "nothing but JSON, on standard output"
     );
     wait_pinning(&api);
     let pins = pin_run(&api);
@@ -773,7 +798,7 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
     );
     assert_eq!(deployment(&api, "pin-capi", "a").0, 0);
 
-    let out = handoff_cmd(&api, &["window", "close", "eq"]);
+    let out = handoff_cmd(&api, &["window", "close", "eq", "-v"]);
     assert!(out.status.success(), "window close: {}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("removed the pin's MutatingAdmissionPolicyBindings"),

@@ -374,13 +374,49 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
         "{w}"
     );
 
-    // 2. The same command again finishes it.
+    // 2. The same command again finishes it; with -o json, its steps as events on standard
+    // output, one JSON object a line (clusterctl's output on standard error).
     let t = Instant::now();
-    let done = handoff_move(&source, &target, "alpha", &[], &env(None));
+    let done = handoff_move(&source, &target, "alpha", &["-o", "json"], &env(None));
     let took = t.elapsed();
-    let log = text(&done.stderr) + &text(&done.stdout);
-    eprintln!("handoff move again ({:.1}s):\n{log}", took.as_secs_f64());
+    let events: Vec<Value> = text(&done.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let steps: Vec<&str> = events
+        .iter()
+        .filter(|e| e["event"] == "step")
+        .filter_map(|e| e["step"].as_str())
+        .collect();
+    let log = events
+        .iter()
+        .filter_map(|e| e["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!(
+        "handoff move again ({:.1}s), steps {steps:?}:\n{log}\n{}",
+        took.as_secs_f64(),
+        text(&done.stderr)
+    );
     assert!(done.status.success(), "{log}");
+    assert_eq!(
+        steps,
+        [
+            "Begin",
+            "Check",
+            "PutSourceBack",
+            "StopTarget",
+            "Hold",
+            "RunClusterctl",
+            "Lift",
+            "Copied",
+            "RestoreTarget",
+            "RestoreSource",
+            "Finish",
+            "Done"
+        ],
+        "{log}"
+    );
     for want in [
         "resuming the move recorded in MoveWindow move-alpha",
         "source: unpaused Cluster alpha/workload (clusterctl paused it)",

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use handoff::resources::move_window::MoveRole;
 use handoff::rules::move_window::OwnDeployment;
+use handoff::window::progress::Progress;
 use handoff::window::{self as ops, CloseOptions, Cluster, OpenOptions, WindowError};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -450,9 +451,9 @@ async fn open_pins_saves_waits_and_a_later_update_is_pinned() {
     // The source has handoff registered: a later update is pinned by the API server itself.
     let (source, target) = source_and_target(true, false).await;
     let clusters = roles(&source, &target);
-    let mut out = Vec::new();
+    let (mut out, said) = Progress::captured();
     ops::open(&clusters, &open_opts(), &mut out).await.unwrap();
-    let log = String::from_utf8(out).unwrap();
+    let log = said.text();
 
     for e in [&source, &target] {
         assert_eq!(
@@ -495,7 +496,7 @@ async fn open_pins_saves_waits_and_a_later_update_is_pinned() {
     // Open again: nothing changes, nothing is written to Deployments.
     let before = snapshot(&source).await;
     let writes = source.proxy.writes().len();
-    ops::open(&clusters, &open_opts(), &mut Vec::new())
+    ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();
     assert_eq!(snapshot(&source).await, before);
@@ -544,7 +545,7 @@ async fn close_restores_target_before_source() {
     // The target has handoff registered: the sync below is pinned by the API server.
     let (source, target) = source_and_target(false, true).await;
     let clusters = roles(&source, &target);
-    ops::open(&clusters, &open_opts(), &mut Vec::new())
+    ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();
     // While the window is open a GitOps sync asks for 5 on the target: the webhook saves it.
@@ -565,7 +566,7 @@ async fn close_restores_target_before_source() {
     let mark = source.proxy.sequenced_writes().len();
     let tmark = target.proxy.sequenced_writes().len();
     let ordered = [clusters[1].clone(), clusters[0].clone()];
-    let restored = ops::close(&ordered, &close_opts(), &mut Vec::new())
+    let restored = ops::close(&ordered, &close_opts(), &mut Progress::quiet())
         .await
         .unwrap();
     assert_eq!(restored.len(), 4);
@@ -633,7 +634,7 @@ async fn missing_or_unreadable_annotations_are_reported_and_fall_back() {
     seed(&e).await;
     run_deployment_controller(&mut e);
     let clusters = [cluster(&e, "cluster", None)];
-    ops::open(&clusters, &open_opts(), &mut Vec::new())
+    ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();
     // Someone wrote garbage into one annotation.
@@ -649,11 +650,11 @@ async fn missing_or_unreadable_annotations_are_reported_and_fall_back() {
     let mut d = deployment("capi-system", "capi-extra", 0, capi("extra"));
     d["metadata"]["annotations"] = json!({SAVED: ""});
     put(&e.admin, d).await;
-    let mut out = Vec::new();
+    let (mut out, said) = Progress::captured();
     let restored = ops::close(&clusters, &close_opts(), &mut out)
         .await
         .unwrap();
-    let log = String::from_utf8(out).unwrap();
+    let log = said.text();
     assert_eq!(
         dep(&e, "capi-system", "capi-controller-manager").await,
         (1, None)
@@ -711,7 +712,7 @@ async fn preflight_refuses_a_deployment_that_serves_a_fail_closed_webhook() {
                 "clientConfig": {"service": {"name": "capi-webhook-service", "namespace": "capi-system"}}}}}})).await;
     let clusters = [cluster(&e, "cluster", None)];
     let writes = e.proxy.writes().len();
-    let err = ops::open(&clusters, &open_opts(), &mut Vec::new())
+    let err = ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap_err();
     let WindowError::Preflight(findings) = &err else {
@@ -742,13 +743,9 @@ async fn preflight_refuses_a_deployment_that_serves_a_fail_closed_webhook() {
         allow_webhook_outage: true,
         ..open_opts()
     };
-    let mut out = Vec::new();
+    let (mut out, said) = Progress::captured();
     ops::open(&clusters, &opts, &mut out).await.unwrap();
-    assert!(
-        String::from_utf8(out)
-            .unwrap()
-            .contains("allowed by --allow-webhook-outage")
-    );
+    assert!(said.text().contains("allowed by --allow-webhook-outage"));
     assert_eq!(
         dep(&e, "capi-system", "capi-controller-manager").await,
         (0, Some("3".into()))
@@ -770,10 +767,12 @@ async fn a_run_killed_after_any_step_and_rerun_ends_in_the_same_state() {
     seed(&e).await;
     run_deployment_controller(&mut e);
     let cl = [cluster(&e, "cluster", None)];
-    ops::open(&cl, &open_opts(), &mut Vec::new()).await.unwrap();
+    ops::open(&cl, &open_opts(), &mut Progress::quiet())
+        .await
+        .unwrap();
     let opened = snapshot(&e).await;
     let open_writes = e.proxy.writes().len();
-    ops::close(&cl, &close_opts(), &mut Vec::new())
+    ops::close(&cl, &close_opts(), &mut Progress::quiet())
         .await
         .unwrap();
     let closed = snapshot(&e).await;
@@ -787,10 +786,12 @@ async fn a_run_killed_after_any_step_and_rerun_ends_in_the_same_state() {
     for n in 0..open_writes as u64 {
         reset(&e).await;
         e.proxy.fail_writes_after(Some(n));
-        let first = ops::open(&cl, &open_opts(), &mut Vec::new()).await;
+        let first = ops::open(&cl, &open_opts(), &mut Progress::quiet()).await;
         assert!(first.is_err(), "open should die after {n} writes");
         e.proxy.fail_writes_after(None);
-        ops::open(&cl, &open_opts(), &mut Vec::new()).await.unwrap();
+        ops::open(&cl, &open_opts(), &mut Progress::quiet())
+            .await
+            .unwrap();
         assert_eq!(
             snapshot(&e).await,
             opened,
@@ -799,12 +800,14 @@ async fn a_run_killed_after_any_step_and_rerun_ends_in_the_same_state() {
     }
     for n in 0..close_writes as u64 {
         reset(&e).await;
-        ops::open(&cl, &open_opts(), &mut Vec::new()).await.unwrap();
+        ops::open(&cl, &open_opts(), &mut Progress::quiet())
+            .await
+            .unwrap();
         e.proxy.fail_writes_after(Some(n));
-        let first = ops::close(&cl, &close_opts(), &mut Vec::new()).await;
+        let first = ops::close(&cl, &close_opts(), &mut Progress::quiet()).await;
         assert!(first.is_err(), "close should die after {n} writes");
         e.proxy.fail_writes_after(None);
-        ops::close(&cl, &close_opts(), &mut Vec::new())
+        ops::close(&cl, &close_opts(), &mut Progress::quiet())
             .await
             .unwrap();
         assert_eq!(
@@ -828,7 +831,7 @@ async fn status_shows_windows_deployments_and_saved_counts() {
     seed(&e).await;
     run_deployment_controller(&mut e);
     let clusters = [cluster(&e, "cluster", None)];
-    ops::open(&clusters, &open_opts(), &mut Vec::new())
+    ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();
     let views = ops::status(&clusters, None, &own()).await.unwrap();
@@ -867,7 +870,7 @@ async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the
     // The target accepts reads but no writes: its window cannot be created.
     target.proxy.fail_writes_after(Some(0));
     assert!(
-        ops::open(&clusters, &open_opts(), &mut Vec::new())
+        ops::open(&clusters, &open_opts(), &mut Progress::quiet())
             .await
             .is_err()
     );
@@ -902,7 +905,7 @@ async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the
     );
     // Closing with both clusters finishes on the source although the target has no window.
     target.proxy.fail_writes_after(None);
-    let mut out = Vec::new();
+    let (mut out, said) = Progress::captured();
     ops::close(
         &[clusters[1].clone(), clusters[0].clone()],
         &close_opts(),
@@ -910,7 +913,7 @@ async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the
     )
     .await
     .unwrap();
-    let log = String::from_utf8(out).unwrap();
+    let log = said.text();
     assert!(
         log.contains("target: there is no MoveWindow capi-move"),
         "{log}"
@@ -923,7 +926,7 @@ async fn a_target_that_fails_leaves_no_controller_stopped_and_close_finishes_the
             name: "nope".into(),
             ..close_opts()
         },
-        &mut Vec::new(),
+        &mut Progress::quiet(),
     )
     .await
     .unwrap_err();
@@ -962,7 +965,7 @@ async fn preflight_checks_the_selector_of_an_existing_window() {
     let err = ops::open(
         &[cluster(&e, "cluster", None)],
         &open_opts(),
-        &mut Vec::new(),
+        &mut Progress::quiet(),
     )
     .await
     .unwrap_err();
@@ -987,7 +990,7 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
     seed(&e).await;
     run_deployment_controller(&mut e);
     let clusters = [cluster(&e, "cluster", None)];
-    ops::open(&clusters, &open_opts(), &mut Vec::new())
+    ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();
     let mark = e.proxy.writes().len();
@@ -1030,10 +1033,10 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
         "GET /apis/apps/v1/namespaces/capi-system/deployments/capi-controller-manager",
         stale_replica,
     )));
-    let mut out = Vec::new();
+    let (mut out, said) = Progress::captured();
     let closed = ops::close(&clusters, &close_opts(), &mut out).await;
     e.proxy.after_answer(None);
-    let log = String::from_utf8(out).unwrap();
+    let log = said.text();
     closed.unwrap_or_else(|err| panic!("{err}\n{log}"));
     let repinned = repinned.load(Ordering::SeqCst);
     assert_eq!(

@@ -80,7 +80,6 @@ async fn window_command(
     own_deployment: OwnDeployment,
 ) -> anyhow::Result<()> {
     use handoff::window as ops;
-    let mut out = std::io::stderr();
     match command {
         WindowCommand::Open {
             name,
@@ -91,6 +90,7 @@ async fn window_command(
             dry_run,
             wait_timeout,
             stop,
+            progress,
         } => {
             let opts = ops::OpenOptions {
                 name,
@@ -104,8 +104,10 @@ async fn window_command(
                 standby: !no_standby,
                 quiet_preflight: false,
             };
+            // The dry run's plan is the command's output: standard output, as text too.
+            let mut out = progress.reporter(dry_run);
             if dry_run {
-                ops::plan_open(&clusters, &opts, &mut std::io::stdout()).await?;
+                ops::plan_open(&clusters, &opts, &mut out).await?;
             } else {
                 ops::open(&clusters, &opts, &mut out).await?;
             }
@@ -114,7 +116,9 @@ async fn window_command(
             name,
             restore_timeout,
             lead_timeout,
+            progress,
         } => {
+            let mut out = progress.reporter(false);
             let ordered = ops::plan::close_order(clusters, |c| c.role);
             let opts = ops::CloseOptions {
                 name,
@@ -199,8 +203,8 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
         client: target,
         role: Some(MoveRole::Target),
     };
-    let mut err = std::io::stderr();
-    window::move_run(&source, &target, &opts, &mut err)
+    let mut out = a.progress.reporter(false);
+    window::move_run(&source, &target, &opts, &mut out)
         .await
         .map_err(|e| {
             let server = match &e {
@@ -218,4 +222,20 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
                 None => e,
             }
         })
+}
+
+impl crate::cli::ProgressArgs {
+    /// Where progress goes: JSON on standard output; text on standard error, or on standard
+    /// output where it is the command's result (a dry run's plan).
+    fn reporter(&self, text_on_stdout: bool) -> handoff::window::progress::Progress {
+        use handoff::window::progress::{Format, Progress};
+        let (out, format): (Box<dyn std::io::Write>, _) = match self.output {
+            crate::cli::ProgressOutput::Json => (Box::new(std::io::stdout()), Format::Json),
+            crate::cli::ProgressOutput::Text if text_on_stdout => {
+                (Box::new(std::io::stdout()), Format::Text)
+            }
+            crate::cli::ProgressOutput::Text => (Box::new(std::io::stderr()), Format::Text),
+        };
+        Progress::new(out, format, self.verbose)
+    }
 }

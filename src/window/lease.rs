@@ -2,7 +2,7 @@
 //! former leaders stopped, release them and wait for a pod to lead again. What to write comes
 //! from `plan`.
 
-use std::io::Write;
+use crate::window::progress::Progress;
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -88,7 +88,7 @@ pub async fn take(
     name: &str,
     window: &str,
     operator: &str,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<HeldLease> {
     let api = Api::<Lease>::namespaced(c.client.clone(), ns);
     let conflicts = ConflictBudget::new();
@@ -107,7 +107,7 @@ pub async fn take(
                 former_holder,
                 former_duration,
             } => {
-                let _ = writeln!(out, "{}: Lease {ns}/{name} already held", c.label);
+                out.say(format!("{}: Lease {ns}/{name} already held", c.label));
                 return Ok(HeldLease {
                     name: name.into(),
                     former_holder,
@@ -132,16 +132,13 @@ pub async fn take(
                 Ok(_) => {
                     // The clock after the write: the take-over happened no later than this.
                     let held = ceil_second(Timestamp::now());
-                    let _ = writeln!(
-                        out,
-                        "{}: took Lease {ns}/{name} from {} (its leader may lead for up to {former_duration}s more)",
+                    out.say(format!("{}: took Lease {ns}/{name} from {} (its leader may lead for up to {former_duration}s more)",
                         c.label,
                         if former_holder.is_empty() {
                             "nobody"
                         } else {
                             &former_holder
-                        }
-                    );
+                        }));
                     return Ok(HeldLease {
                         name: name.into(),
                         former_holder,
@@ -225,7 +222,7 @@ pub async fn taken_from(c: &Cluster, ns: &str, name: &str, window: &str) -> Resu
 pub async fn held_anywhere(
     c: &Cluster,
     window: &str,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Vec<(String, String)>> {
     let selector = format!("{}={window}", crate::rules::lease_hold::HELD_BY_LABEL);
     match Api::<Lease>::all(c.client.clone())
@@ -238,11 +235,8 @@ pub async fn held_anywhere(
             .filter_map(|l| Some((l.metadata.namespace?, l.metadata.name?)))
             .collect()),
         Err(kube::Error::Api(e)) if e.code == 403 => {
-            let _ = writeln!(
-                out,
-                "{}: cannot list Leases cluster-wide to find any that MoveWindow {window} still holds ({}); kubectl get leases -A -l {selector} as an admin shows them",
-                c.label, e.message
-            );
+            out.say(format!("{}: cannot list Leases cluster-wide to find any that MoveWindow {window} still holds ({}); kubectl get leases -A -l {selector} as an admin shows them",
+                c.label, e.message));
             Ok(vec![])
         }
         Err(e) => Err(api_err(c, "listing Leases")(e)),
@@ -273,7 +267,7 @@ pub async fn held_by(
 }
 
 /// Wait until `until`, saying every 10 s what is left (the caller said how long first).
-pub async fn sleep_until(until: Timestamp, what: &str, out: &mut dyn Write) {
+pub async fn sleep_until(until: Timestamp, what: &str, out: &mut Progress) {
     let mut said = Some(until.duration_since(Timestamp::now()).as_secs() + 1);
     loop {
         let left = until.duration_since(Timestamp::now());
@@ -282,7 +276,7 @@ pub async fn sleep_until(until: Timestamp, what: &str, out: &mut dyn Write) {
         }
         let secs = left.as_secs() + 1;
         if said.is_none_or(|s: i64| s - secs >= 10) {
-            let _ = writeln!(out, "waiting {secs}s more until {what}");
+            out.detail(format!("waiting {secs}s more until {what}"));
             said = Some(secs);
         }
         tokio::time::sleep(Duration::from_millis(500).min(left.unsigned_abs())).await;

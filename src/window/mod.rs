@@ -15,6 +15,7 @@ mod mover;
 mod open;
 pub mod plan;
 mod preflight;
+pub mod progress;
 mod standby;
 mod status;
 

@@ -111,6 +111,31 @@ pub enum Step {
 }
 
 impl Step {
+    /// Its name, as progress events give it (`-o json`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Step::Begin(_) => "Begin",
+            Step::Refuse { .. } => "Refuse",
+            Step::Check => "Check",
+            Step::PutSourceBack => "PutSourceBack",
+            Step::KeepSourceStopped => "KeepSourceStopped",
+            Step::StopTarget { .. } => "StopTarget",
+            Step::ProveTarget => "ProveTarget",
+            Step::Hold => "Hold",
+            Step::RunClusterctl => "RunClusterctl",
+            Step::Lift { .. } => "Lift",
+            Step::Fail => "Fail",
+            Step::UnpauseTarget(_) => "UnpauseTarget",
+            Step::Copied => "Copied",
+            Step::Restore(MoveRole::Target) => "RestoreTarget",
+            Step::Restore(MoveRole::Source) => "RestoreSource",
+            Step::Finish => "Finish",
+            Step::BeginAbort => "BeginAbort",
+            Step::Aborted => "Aborted",
+            Step::Done => "Done",
+        }
+    }
+
     /// A failure of this step is the run's outcome, not its end: from the block-move on, every
     /// way out lifts it and records why.
     pub fn fails_into_outcome(&self) -> bool {

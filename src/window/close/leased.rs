@@ -1,8 +1,8 @@
 //! A window's Lease-stopped Deployments back: their standbys gone, every Lease the window
 //! holds released, and a pod of each leading again.
 
+use crate::window::progress::Progress;
 use std::collections::BTreeSet;
-use std::io::Write;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
@@ -27,7 +27,7 @@ pub async fn release_leases(
     c: &Cluster,
     opts: &CloseOptions,
     status: &MoveWindowStatus,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Vec<Restored>> {
     let entries: Vec<&PinnedDeployment> = status
         .pinned
@@ -67,7 +67,7 @@ async fn standbys_back(
     c: &Cluster,
     opts: &CloseOptions,
     entries: &[&PinnedDeployment],
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     let mut back = Vec::new();
     for p in entries {
@@ -81,12 +81,11 @@ async fn standbys_back(
         .map(|(p, count)| format!("{}/{} ({count})", p.namespace, p.name))
         .collect();
     if !scaled.is_empty() {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "{}: the standbys go, back to: {}",
             c.label,
             scaled.join(", ")
-        );
+        ));
     }
     for (p, count) in back {
         if let standby::Proof::Unreported(why) = standby::wait_settled(
@@ -99,10 +98,9 @@ async fn standbys_back(
         )
         .await?
         {
-            let _ = writeln!(
-                out,
-                "warning: {why}; releasing its Lease without knowing that the pod that stays is Ready"
-            );
+            out.warn(format!(
+                "{why}; releasing its Lease without knowing that the pod that stays is Ready"
+            ));
         }
         record(c, &opts.name, |s| {
             if let Some(e) =
@@ -123,7 +121,7 @@ async fn release_one<'a>(
     c: &Cluster,
     opts: &CloseOptions,
     p: &'a PinnedDeployment,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Released<'a>> {
     let (ns, name) = (p.namespace.as_str(), p.name.as_str());
     let mut names: BTreeSet<String> = p.leases.iter().map(|l| l.name.clone()).collect();
@@ -136,26 +134,25 @@ async fn release_one<'a>(
     for l in &names {
         let released = lease::release(c, ns, l, &opts.name).await?;
         record_released(c, opts, ns, name, l).await?;
-        let _ = match &released {
+        match &released {
             // Said with the pod that leads again.
-            lease::Released::Freed => Ok(()),
+            lease::Released::Freed => {}
             lease::Released::AlreadyFree => {
-                writeln!(out, "{}: Lease {ns}/{l} already released", c.label)
+                out.detail(format!("{}: Lease {ns}/{l} already released", c.label));
             }
             lease::Released::TakenBack(holder) => {
                 taken_back.push(format!(
                     "Lease {l} was taken back by {} while the window held it",
                     who(holder)
                 ));
-                writeln!(
-                    out,
-                    "warning: {}: Lease {ns}/{l} was taken back by {} while MoveWindow {} held it: not written free over it (its controllers may have run during the window; handoff's label is removed)",
+                {
+                    out.warn(format!("{}: Lease {ns}/{l} was taken back by {} while MoveWindow {} held it: not written free over it (its controllers may have run during the window; handoff's label is removed)",
                     c.label,
                     who(holder),
-                    opts.name
-                )
+                    opts.name));
+                }
             }
-        };
+        }
     }
     let replicas = Api::<Deployment>::namespaced(c.client.clone(), ns)
         .get_opt(name)
@@ -209,7 +206,7 @@ async fn wait_leading(
     r: Released<'_>,
     start: tokio::time::Instant,
     left: &mut Vec<String>,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Option<Restored>> {
     let (ns, name) = (r.p.namespace.as_str(), r.p.name.as_str());
     let what = format!("{ns}/{name}");
@@ -250,16 +247,19 @@ async fn wait_leading(
     })
     .await?;
     let pods: Vec<&str> = leaders.iter().map(|(_, p)| p.as_str()).collect();
-    let _ = match (&note, waits) {
-        (Some(n), false) => writeln!(out, "{}: released {what}: {n}", c.label),
-        _ => writeln!(
-            out,
-            "{}: {what} leads again ({}) after {:.1}s",
-            c.label,
-            pods.join(", "),
-            start.elapsed().as_secs_f64()
-        ),
-    };
+    match (&note, waits) {
+        (Some(n), false) => {
+            out.say(format!("{}: released {what}: {n}", c.label));
+        }
+        _ => {
+            out.say(format!(
+                "{}: {what} leads again ({}) after {:.1}s",
+                c.label,
+                pods.join(", "),
+                start.elapsed().as_secs_f64()
+            ));
+        }
+    }
     Ok(Some(Restored {
         cluster: c.label.clone(),
         deployment: what,
@@ -298,7 +298,7 @@ async fn scale_back_standby(
     c: &Cluster,
     p: &PinnedDeployment,
     opts: &CloseOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Option<i32>> {
     if !p.standby {
         return Ok(None);
@@ -322,12 +322,11 @@ async fn scale_back_standby(
         // Scaled back already (a run that died before it recorded so).
         None if now == p.saved_replicas => Ok(Some(now)),
         None => {
-            let _ = writeln!(
-                out,
+            out.say(format!(
                 "{}: {ns}/{name} runs {now} replicas, not the {} handoff left it at: left as it is",
                 c.label,
                 p.saved_replicas + 1
-            );
+            ));
             Ok(Some(now))
         }
     }

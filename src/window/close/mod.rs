@@ -4,7 +4,7 @@
 mod leased;
 mod scaled;
 
-use std::io::Write;
+use crate::window::progress::Progress;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -53,7 +53,7 @@ pub struct Restored {
 async fn close_one(
     c: &Cluster,
     opts: &CloseOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Option<Vec<Restored>>> {
     let Some(w) = read_window(c, &opts.name).await? else {
         return close_deleted(c, opts, out).await;
@@ -77,7 +77,7 @@ async fn mark_closed(
     c: &Cluster,
     opts: &CloseOptions,
     w: &MoveWindow,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<MoveWindowStatus> {
     if w.spec.state != WindowState::Closed {
         set_state(c, &opts.name, WindowState::Closed).await?;
@@ -92,11 +92,10 @@ async fn mark_closed(
             ),
         ))?
     {
-        let _ = writeln!(
-            out,
+        out.detail(format!(
             "{}: removed the pin's MutatingAdmissionPolicyBindings of MoveWindow {}",
             c.label, opts.name
-        );
+        ));
     }
     let status = record(c, &opts.name, |s| {
         if s.phase != Some(WindowPhase::Closed) {
@@ -105,11 +104,10 @@ async fn mark_closed(
         s.last_step = Some("window-closed".into());
     })
     .await?;
-    let _ = writeln!(
-        out,
+    out.say(format!(
         "{}: MoveWindow {} is closed; restoring",
         c.label, opts.name
-    );
+    ));
     Ok(status)
 }
 
@@ -118,15 +116,14 @@ async fn mark_closed(
 async fn close_deleted(
     c: &Cluster,
     opts: &CloseOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Option<Vec<Restored>>> {
     let orphans = lease::held_anywhere(c, &opts.name, out).await?;
     if orphans.is_empty() {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "{}: there is no MoveWindow {}: nothing to close here",
             c.label, opts.name
-        );
+        ));
         return Ok(None);
     }
     let mut restored = Vec::new();
@@ -135,20 +132,18 @@ async fn close_deleted(
         if released == lease::Released::AlreadyFree {
             continue;
         }
-        let _ = match &released {
-            lease::Released::TakenBack(holder) => writeln!(
-                out,
-                "{}: there is no MoveWindow {} any more; Lease {ns}/{l} still carried its label, held by {} since: removed the label, left the holder",
+        match &released {
+            lease::Released::TakenBack(holder) => {
+                out.say(format!("{}: there is no MoveWindow {} any more; Lease {ns}/{l} still carried its label, held by {} since: removed the label, left the holder",
                 c.label,
                 opts.name,
-                who(holder)
-            ),
-            _ => writeln!(
-                out,
-                "{}: there is no MoveWindow {} any more; released Lease {ns}/{l}, which it still held",
-                c.label, opts.name
-            ),
-        };
+                who(holder)));
+            }
+            _ => {
+                out.say(format!("{}: there is no MoveWindow {} any more; released Lease {ns}/{l}, which it still held",
+                c.label, opts.name));
+            }
+        }
         restored.push(Restored {
             cluster: c.label.clone(),
             deployment: format!("{ns}/(Lease {l})"),
@@ -172,7 +167,7 @@ fn who(holder: &str) -> &str {
 pub async fn close(
     clusters: &[Cluster],
     opts: &CloseOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Vec<Restored>> {
     // A cluster without the window (an `open` that died before creating it there) does not
     // stop the others from closing; a name that exists nowhere is an error.

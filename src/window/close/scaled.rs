@@ -2,8 +2,8 @@
 //! and every selected Deployment the webhook pinned after `open` ran; then watched for a
 //! settle time, since a replica whose cache lags may pin one again.
 
+use crate::window::progress::Progress;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
@@ -79,7 +79,7 @@ pub async fn restore_all(
     opts: &CloseOptions,
     w: &MoveWindow,
     status: &MoveWindowStatus,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Vec<Restored>> {
     let selector = w.spec.selector().map_err(|e| WindowError::Refused {
         cluster: c.label.clone(),
@@ -152,14 +152,14 @@ async fn restore_scaled(
     name: &str,
     entry: Option<&PinnedDeployment>,
     others: &[(String, Selector)],
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Option<Restored>> {
     let Some(d) = Api::<Deployment>::namespaced(c.client.clone(), ns)
         .get_opt(name)
         .await
         .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?
     else {
-        let _ = writeln!(out, "{}: {ns}/{name} no longer exists", c.label);
+        out.say(format!("{}: {ns}/{name} no longer exists", c.label));
         record(c, &opts.name, |s| {
             if let Some(p) = s
                 .pinned
@@ -177,11 +177,10 @@ async fn restore_scaled(
         .iter()
         .find(|(_, sel)| sel.matches(d.metadata.labels.as_ref()))
     {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "{}: {ns}/{name} stays pinned: MoveWindow {other} is still open and selects it",
             c.label
-        );
+        ));
         return Ok(None);
     }
     let annotation = d
@@ -205,10 +204,17 @@ async fn restore_scaled(
         s.last_step = Some(format!("restored {ns}/{name}"));
     })
     .await?;
-    let _ = match &note {
-        Some(n) => writeln!(out, "{}: restored {ns}/{name} to {count} — {n}", c.label),
-        None => writeln!(out, "{}: restored {ns}/{name} to {count}", c.label),
-    };
+    match &note {
+        Some(n) => {
+            out.say(format!(
+                "{}: restored {ns}/{name} to {count} — {n}",
+                c.label
+            ));
+        }
+        None => {
+            out.say(format!("{}: restored {ns}/{name} to {count}", c.label));
+        }
+    }
     Ok(Some(Restored {
         cluster: c.label.clone(),
         deployment: format!("{ns}/{name}"),
@@ -260,7 +266,7 @@ async fn settle(
     c: &Cluster,
     opts: &CloseOptions,
     restored: &[Restored],
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     let settling = tokio::time::Instant::now();
     while !restored.is_empty() && !opts.settle.is_zero() {
@@ -269,11 +275,10 @@ async fn settle(
         for r in restored {
             let (ns, name) = r.deployment.split_once('/').unwrap_or_default();
             if !is_restored(c, ns, name, r.replicas).await? {
-                let _ = writeln!(
-                    out,
+                out.say(format!(
                     "{}: {ns}/{name} was pinned again; restoring again",
                     c.label
-                );
+                ));
                 restore_deployment(c, ns, name, r.replicas, opts).await?;
                 again = true;
             }

@@ -113,8 +113,18 @@ impl Child {
     /// Start `clusterctl move` with handoff's flags, in its own process group (a Ctrl-C in the
     /// terminal reaches handoff, which passes it on once) and bound to die with handoff
     /// (`PR_SET_PDEATHSIG`: a clusterctl left running would copy behind a re-run's back).
-    pub fn spawn(clusterctl: &Path, flags: &ClusterctlFlags, source: &Cluster) -> Result<Child> {
+    /// `stdout_to_stderr`: clusterctl's output goes to handoff's standard error, where
+    /// handoff's standard output is its JSON events.
+    pub fn spawn(
+        clusterctl: &Path,
+        flags: &ClusterctlFlags,
+        source: &Cluster,
+        stdout_to_stderr: bool,
+    ) -> Result<Child> {
         let mut cmd = tokio::process::Command::new(clusterctl);
+        if stdout_to_stderr {
+            cmd.stdout(std::io::stderr());
+        }
         cmd.args(move_plan::clusterctl_args(flags))
             .stdin(std::process::Stdio::null())
             .process_group(0)

@@ -2,7 +2,7 @@
 //! source's controllers are proven stopped, then is lifted so that clusterctl copies; and
 //! `--dry-run`, which runs clusterctl's own dry run beside handoff's plan.
 
-use std::io::Write;
+use crate::window::progress::{Format, Progress};
 
 use serde_json::json;
 use tokio::time::Instant;
@@ -69,7 +69,7 @@ async fn stop_source(
     target_taken: Vec<Taken>,
     window: &str,
     paused: &[String],
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     note(target, window, |m| {
         m.phase = MovePhase::StoppingSource;
@@ -119,13 +119,18 @@ pub async fn run_clusterctl(
     stop: SourceStop<'_>,
     opts: &MoveOptions,
     signals: &mut Signals,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Ran> {
     let (source_opts, mut target_taken) = match stop {
         SourceStop::Already => (None, None),
         SourceStop::AfterPause { opts, target } => (Some(opts), Some(target)),
     };
-    let mut child = Child::spawn(&opts.clusterctl, &opts.flags, source)?;
+    let mut child = Child::spawn(
+        &opts.clusterctl,
+        &opts.flags,
+        source,
+        out.format() == Format::Json,
+    )?;
     let mut interrupted = false;
     let mut source_stopped = source_opts.is_none().then(Instant::now);
     let mut last_wait = None;
@@ -136,7 +141,7 @@ pub async fn run_clusterctl(
             sig = signals.next() => {
                 interrupted = true;
                 let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
-                let _ = writeln!(out, "handoff move: interrupted; passing {name} to clusterctl and waiting for it to stop");
+                out.say(format!("handoff move: interrupted; passing {name} to clusterctl and waiting for it to stop"));
                 child.signal(sig);
             }
             _ = tick.tick(), if source_stopped.is_none() && !interrupted => {
@@ -154,7 +159,7 @@ pub async fn run_clusterctl(
                 match stopped {
                     // Interrupted: clusterctl stops; handoff's block-move holds it meanwhile.
                     None => {
-                        let _ = writeln!(out, "handoff move: interrupted while stopping the source; passed the signal to clusterctl, which copies nothing");
+                        out.say("handoff move: interrupted while stopping the source; passed the signal to clusterctl, which copies nothing");
                     }
                     Some(Ok(())) => {
                         let_clusterctl_copy(source, target, opts, out).await;
@@ -163,7 +168,7 @@ pub async fn run_clusterctl(
                     // The source could not be stopped: clusterctl must not copy with its
                     // controllers running, and handoff's block-move still holds it.
                     Some(Err(e)) => {
-                        let _ = writeln!(out, "handoff move: {e}; stopping clusterctl before it copies anything");
+                        out.say(format!("handoff move: {e}; stopping clusterctl before it copies anything"));
                         child.stop().await;
                         return Err(e);
                     }
@@ -189,7 +194,7 @@ async fn source_paused(
     source: &Cluster,
     opts: &MoveOptions,
     last_wait: &mut Option<move_plan::Waiting>,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Option<Vec<String>> {
     let ns = &opts.flags.namespace;
     let read = async {
@@ -201,13 +206,13 @@ async fn source_paused(
     let (clusters, blocking) = match read.await {
         Ok(v) => v,
         Err(e) => {
-            let _ = writeln!(out, "warning: {e}; trying again");
+            out.warn(format!("{e}; trying again"));
             return None;
         }
     };
     if let Err(waiting) = move_plan::source_ready(&clusters, &blocking, &opts.window) {
         if last_wait.as_ref() != Some(&waiting) {
-            let _ = writeln!(out, "handoff move: waiting for {waiting}");
+            out.say(format!("handoff move: waiting for {waiting}"));
             *last_wait = Some(waiting);
         }
         return None;
@@ -227,22 +232,20 @@ async fn let_clusterctl_copy(
     source: &Cluster,
     target: &Cluster,
     opts: &MoveOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) {
     match lift_block_move(source, target, &opts.window, &opts.flags.namespace).await {
         Ok(lifted) if !lifted.is_empty() => {
-            let _ = writeln!(
-                out,
+            out.say(format!(
                 "source: lifted handoff's {BLOCK_MOVE} from {}: clusterctl copies now",
                 lifted.join(", ")
-            );
+            ));
         }
         Ok(_) => {}
         Err(e) => {
-            let _ = writeln!(
-                out,
-                "warning: {e}; clusterctl stays held by handoff's block-move"
-            );
+            out.warn(format!(
+                "{e}; clusterctl stays held by handoff's block-move"
+            ));
         }
     }
 }
@@ -253,29 +256,24 @@ pub async fn dry_run(
     source: &Cluster,
     target: &Cluster,
     opts: &MoveOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     let ns = &opts.flags.namespace;
-    let _ = writeln!(
-        out,
-        "handoff move --dry-run: what handoff would do around clusterctl move (nothing is written)"
+    out.say(
+        "handoff move --dry-run: what handoff would do around clusterctl move (nothing is written)",
     );
-    let _ = writeln!(
-        out,
-        "1. stop the target's controllers (proven while clusterctl starts and waits):"
-    );
+    out.say("1. stop the target's controllers (proven while clusterctl starts and waits):");
     let target_wait = plan_open(std::slice::from_ref(target), &opts.open, out).await?;
     let clusters = clusters_in(source, ns).await?;
     match move_plan::add_block_move(&clusters, &opts.window) {
         Ok(add) => {
-            let _ = writeln!(
-                out,
+            out.say(format!(
                 "2. put {BLOCK_MOVE} on Cluster {} in the source, and run clusterctl move",
                 add.join(", ")
-            );
+            ));
         }
         Err(why) => {
-            let _ = writeln!(out, "2. would refuse: {why}");
+            out.say(format!("2. would refuse: {why}"));
         }
     }
     let paused: Vec<&str> = clusters
@@ -284,33 +282,27 @@ pub async fn dry_run(
         .map(|c| c.key.as_str())
         .collect();
     if !paused.is_empty() {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "   would refuse: Clusters paused already ({})",
             paused.join(", ")
-        );
+        ));
     }
-    let _ = writeln!(
-        out,
-        "3. once clusterctl has paused them and the providers lifted their block-move, stop the source's controllers:"
-    );
+    out.say("3. once clusterctl has paused them and the providers lifted their block-move, stop the source's controllers:");
     let source_wait = plan_open(std::slice::from_ref(source), &opts.open, out).await?;
-    let _ = writeln!(
-        out,
-        "   then lift handoff's {BLOCK_MOVE} once both clusters are proven stopped: about {}s after the source's stop (the longest former lease duration, target {target_wait}s, source {source_wait}s), plus up to a step of clusterctl's block-move backoff (5 s × 1.5ⁿ) before it notices",
-        target_wait.max(source_wait)
-    );
-    let _ = writeln!(
-        out,
-        "4. after clusterctl succeeds: restore the target's controllers, then the source's"
-    );
-    let _ = writeln!(
-        out,
+    out.say(format!("   then lift handoff's {BLOCK_MOVE} once both clusters are proven stopped: about {}s after the source's stop (the longest former lease duration, target {target_wait}s, source {source_wait}s), plus up to a step of clusterctl's block-move backoff (5 s × 1.5ⁿ) before it notices",
+        target_wait.max(source_wait)));
+    out.say("4. after clusterctl succeeds: restore the target's controllers, then the source's");
+    out.say(format!(
         "handoff move --dry-run: running {} {}",
         opts.clusterctl.display(),
         render_args(&opts.flags)
-    );
-    let mut child = Child::spawn(&opts.clusterctl, &opts.flags, source)?;
+    ));
+    let mut child = Child::spawn(
+        &opts.clusterctl,
+        &opts.flags,
+        source,
+        out.format() == Format::Json,
+    )?;
     let status = child.wait().await.map_err(|e| WindowError::Refused {
         cluster: source.label.clone(),
         message: format!("waiting for clusterctl: {e}"),

@@ -9,7 +9,7 @@ mod clusterctl;
 mod restore;
 mod steps;
 
-use std::io::Write;
+use crate::window::progress::Progress;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -89,7 +89,7 @@ async fn deleting(
     source: &Cluster,
     target: &Cluster,
     ns: &str,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<bool> {
     let (mut s, mut t) = (scan(source, ns).await?, scan(target, ns).await?);
     match (secrets_in(source, ns).await?, secrets_in(target, ns).await?) {
@@ -99,10 +99,7 @@ async fn deleting(
             t.objects.extend(ts.objects);
         }
         _ => {
-            let _ = writeln!(
-                out,
-                "warning: cannot list the Secrets of namespace {ns} (forbidden), so whether clusterctl had begun deleting them from the source is judged by its other objects alone; clusterctl itself needs them: run handoff move as the user who runs clusterctl move"
-            );
+            out.warn(format!("cannot list the Secrets of namespace {ns} (forbidden), so whether clusterctl had begun deleting them from the source is judged by its other objects alone; clusterctl itself needs them: run handoff move as the user who runs clusterctl move"));
         }
     }
     Ok(!s.deleting.is_empty() || t.objects.iter().any(|o| !s.objects.contains(o)))
@@ -113,20 +110,19 @@ struct Phase {
     started: Instant,
 }
 
-fn phase(out: &mut dyn Write, what: &str) -> Phase {
-    let _ = writeln!(out, "handoff move: {what}");
+fn phase(out: &mut Progress, what: &str) -> Phase {
+    out.say(format!("handoff move: {what}"));
     Phase {
         started: Instant::now(),
     }
 }
 
 impl Phase {
-    fn done(self, out: &mut dyn Write, what: &str) {
-        let _ = writeln!(
-            out,
+    fn done(self, out: &mut Progress, what: &str) {
+        out.say(format!(
             "handoff move: {what} ({:.1}s)",
             self.started.elapsed().as_secs_f64()
-        );
+        ));
     }
 }
 
@@ -147,7 +143,7 @@ struct Mover<'a> {
     target_taken: Vec<Taken>,
     restored: Vec<Restored>,
     started: Instant,
-    out: &'a mut dyn Write,
+    out: &'a mut Progress,
 }
 
 impl Mover<'_> {
@@ -193,7 +189,7 @@ pub async fn run(
     source: &Cluster,
     target: &Cluster,
     opts: &MoveOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     if opts.flags.dry_run {
         return dry_run(source, target, opts, out).await;
@@ -229,6 +225,7 @@ pub async fn run(
         m.ns = move_next::namespace(&asked, recorded.as_ref());
         let seen = m.observe(&asked, recorded.as_ref(), &run).await?;
         let step = move_next::next(&asked, recorded.as_ref(), &seen, &run);
+        m.out.step(step.name());
         match m.perform(&step, recorded.as_ref(), &seen, &run).await {
             Ok(Some(outcome)) => run.clusterctl = Some(outcome),
             Ok(None) if step == Step::Done => return Ok(()),

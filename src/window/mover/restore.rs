@@ -1,7 +1,7 @@
 //! The way back in `handoff move`: each cluster's window closed in order, what clusterctl
 //! paused unpaused, and what is reported at the end of a move and of an `--abort`.
 
-use std::io::Write;
+use crate::window::progress::Progress;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
@@ -21,7 +21,7 @@ pub async fn unpause(
     c: &Cluster,
     clusters: &[String],
     classes: &[String],
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     for key in clusters {
         cluster_api::patch(
@@ -32,11 +32,10 @@ pub async fn unpause(
             "unpausing",
         )
         .await?;
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "{}: unpaused Cluster {key} (clusterctl paused it)",
             c.label
-        );
+        ));
     }
     for key in classes {
         cluster_api::patch(
@@ -47,11 +46,10 @@ pub async fn unpause(
             "unpausing",
         )
         .await?;
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "{}: unpaused ClusterClass {key} (clusterctl paused it)",
             c.label
-        );
+        ));
     }
     Ok(())
 }
@@ -63,7 +61,7 @@ pub async fn unpause_what_clusterctl_paused(
     target: &Cluster,
     opts: &MoveOptions,
     r: &MoveRecord,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     let ns = &r.namespace;
     let clusters = move_plan::to_unpause(
@@ -88,7 +86,7 @@ pub async fn restore_one(
     target: &Cluster,
     opts: &MoveOptions,
     restored: &mut Vec<Restored>,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     let p = phase(out, &format!("restoring the {}'s controllers", c.label));
     if read_window(c, &opts.window).await?.is_some() {
@@ -113,23 +111,19 @@ pub async fn report_done(
     opts: &MoveOptions,
     started: Instant,
     restored: &[Restored],
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     note(target, &opts.window, |m| m.phase = MovePhase::Done).await?;
     let done = read_record(target, &opts.window).await?;
-    let _ = writeln!(
-        out,
+    out.say(format!(
         "handoff move: namespace {} moved in {:.1}s",
         opts.flags.namespace,
         started.elapsed().as_secs_f64()
-    );
+    ));
     if let Some(m) = done {
-        let _ = writeln!(
-            out,
-            "  the target's controllers were stopped for {}, the source's for {} (from the first take-over to the last release, across re-runs)",
+        out.say(format!("  the target's controllers were stopped for {}, the source's for {} (from the first take-over to the last release, across re-runs)",
             stopped_for(m.target_stopped_at.as_deref(), m.target_back_at.as_deref()),
-            stopped_for(m.source_stopped_at.as_deref(), m.source_back_at.as_deref()),
-        );
+            stopped_for(m.source_stopped_at.as_deref(), m.source_back_at.as_deref())));
     }
     for r in restored {
         let how = match (&r.leader, r.strategy) {
@@ -137,8 +131,7 @@ pub async fn report_done(
             (None, Strategy::Lease) => "Lease released".into(),
             (None, _) => format!("restored to {} replicas", r.replicas),
         };
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "  {}: {} ({:?}): {how}{}",
             r.cluster,
             r.deployment,
@@ -147,7 +140,7 @@ pub async fn report_done(
                 .as_ref()
                 .map(|n| format!(" — {n}"))
                 .unwrap_or_default()
-        );
+        ));
     }
     Ok(())
 }
@@ -167,12 +160,9 @@ pub fn report_abort(
     restored: &[Restored],
     paused: &[String],
     copied: &[String],
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) {
-    let _ = writeln!(
-        out,
-        "handoff move --abort: every controller handoff stopped runs again"
-    );
+    out.say("handoff move --abort: every controller handoff stopped runs again");
     for c in clusters {
         let ds: Vec<String> = restored
             .iter()
@@ -180,24 +170,20 @@ pub fn report_abort(
             .map(|r| format!("{} ({:?})", r.deployment, r.strategy))
             .collect();
         if !ds.is_empty() {
-            let _ = writeln!(out, "  {}: {}", c.label, ds.join(", "));
+            out.say(format!("  {}: {}", c.label, ds.join(", ")));
         }
     }
     let list = |v: &[String]| match v.is_empty() {
         true => "none".to_string(),
         false => v.join(", "),
     };
-    let _ = writeln!(out, "What clusterctl left behind, for you to decide:");
-    let _ = writeln!(out, "  source Clusters still paused: {}", list(paused));
-    let _ = writeln!(
-        out,
+    out.say("What clusterctl left behind, for you to decide:");
+    out.say(format!("  source Clusters still paused: {}", list(paused)));
+    out.say(format!(
         "  Clusters in the target's namespace {ns}: {}",
         list(copied)
-    );
+    ));
     if !paused.is_empty() {
-        let _ = writeln!(
-            out,
-            "  unpause one to let the source reconcile it again: kubectl -n {ns} patch clusters.cluster.x-k8s.io NAME --type merge -p '{{\"spec\":{{\"paused\":false}}}}'"
-        );
+        out.say(format!("  unpause one to let the source reconcile it again: kubectl -n {ns} patch clusters.cluster.x-k8s.io NAME --type merge -p '{{\"spec\":{{\"paused\":false}}}}'"));
     }
 }

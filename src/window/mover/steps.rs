@@ -89,37 +89,32 @@ impl Mover<'_> {
     fn begin_run(&mut self, start: &Start, r: Option<&MoveRecord>) -> Result<()> {
         let (ns, window) = (&self.ns, &self.opts.window);
         if self.opts.abort {
-            let _ = match r {
-                Some(r) => writeln!(
-                    self.out,
-                    "handoff move --abort: the move of namespace {} recorded in MoveWindow {window} (phase {})",
-                    r.namespace, r.phase
-                ),
-                None => writeln!(
-                    self.out,
-                    "handoff move --abort: no move recorded in MoveWindow {window}; restoring whatever it stopped"
-                ),
-            };
+            match r {
+                Some(r) => {
+                    self.out.say(format!("handoff move --abort: the move of namespace {} recorded in MoveWindow {window} (phase {})",
+                    r.namespace, r.phase));
+                }
+                None => {
+                    self.out.say(format!("handoff move --abort: no move recorded in MoveWindow {window}; restoring whatever it stopped"));
+                }
+            }
             if *ns != self.opts.flags.namespace {
-                let _ = writeln!(
-                    self.out,
+                self.out.say(format!(
                     "note: aborting the recorded move of namespace {ns}, not --namespace {}",
                     self.opts.flags.namespace
-                );
+                ));
             }
             return Ok(());
         }
-        let _ = match start {
-            Start::RestoreOnly => writeln!(
-                self.out,
-                "handoff move: clusterctl already moved namespace {ns}; restoring the controllers"
-            ),
-            Start::FinishTarget => writeln!(
-                self.out,
-                "handoff move: every Cluster of namespace {ns} is in the target and gone from the source; unpausing the target's, as clusterctl's last step would, then restoring the controllers"
-            ),
-            Start::Fresh | Start::Resume | Start::ResumeStopped => Ok(()),
-        };
+        match start {
+            Start::RestoreOnly => {
+                self.out.say(format!("handoff move: clusterctl already moved namespace {ns}; restoring the controllers"));
+            }
+            Start::FinishTarget => {
+                self.out.say(format!("handoff move: every Cluster of namespace {ns} is in the target and gone from the source; unpausing the target's, as clusterctl's last step would, then restoring the controllers"));
+            }
+            Start::Fresh | Start::Resume | Start::ResumeStopped => {}
+        }
         Ok(())
     }
 
@@ -150,7 +145,7 @@ impl Mover<'_> {
                 return Err(self.refused(MoveRole::Source, e.to_string()));
             }
             Err(e) => {
-                let _ = writeln!(self.out, "warning: {e}");
+                self.out.warn(e);
             }
         }
         p.done(self.out, "checked");
@@ -312,11 +307,10 @@ impl Mover<'_> {
             .await?;
         }
         if !add.is_empty() {
-            let _ = writeln!(
-                self.out,
+            self.out.say(format!(
                 "source: {BLOCK_MOVE} on Cluster {} until the source's controllers are stopped",
                 add.join(", ")
-            );
+            ));
         }
         match self.signals.as_ref().and_then(Signals::caught) {
             Some(sig) => Err(self.refused(
@@ -361,10 +355,7 @@ impl Mover<'_> {
         );
         if ran.status.code == Some(0) {
             if ran.source_stopped.is_none() {
-                let _ = writeln!(
-                    self.out,
-                    "warning: clusterctl finished without waiting for handoff's block-move (does this clusterctl honour clusterctl.cluster.x-k8s.io/block-move?): neither cluster's controllers were proven stopped before the copy"
-                );
+                self.out.warn("clusterctl finished without waiting for handoff's block-move (does this clusterctl honour clusterctl.cluster.x-k8s.io/block-move?): neither cluster's controllers were proven stopped before the copy");
             }
             return Ok(Outcome::Moved);
         }
@@ -390,18 +381,16 @@ impl Mover<'_> {
         }
         match lift_block_move(self.source, self.target, &self.opts.window, &self.ns).await {
             Ok(lifted) if !lifted.is_empty() => {
-                let _ = writeln!(
-                    self.out,
+                self.out.say(format!(
                     "source: lifted handoff's {BLOCK_MOVE} from {}",
                     lifted.join(", ")
-                );
+                ));
             }
             Ok(_) => {}
             Err(e) if warn => {
-                let _ = writeln!(
-                    self.out,
-                    "warning: {e}; run the same command again to lift handoff's {BLOCK_MOVE}"
-                );
+                self.out.warn(format!(
+                    "{e}; run the same command again to lift handoff's {BLOCK_MOVE}"
+                ));
             }
             Err(e) => return Err(e),
         }

@@ -1,7 +1,7 @@
 //! Stopping by Lease in `handoff window open`: what is recorded before a Lease is taken, the
 //! take-over of each, and when the former leaders are proven stopped.
 
-use std::io::Write;
+use crate::window::progress::Progress;
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -45,7 +45,7 @@ pub async fn take_leases(
     opts: &OpenOptions,
     ch: &Choice,
     operator: &str,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Vec<HeldLease>> {
     let Stop::Lease(leases) = &ch.plan else {
         return Ok(vec![]);
@@ -107,11 +107,8 @@ pub async fn take_leases(
             .unwrap_or(0);
         for pod in plan::leaders_to_delete(&taken_from, &ch.name, ready) {
             if standby::delete_pod(c, &ch.namespace, &pod, &ch.name).await? {
-                let _ = writeln!(
-                    out,
-                    "{}: deleted the former leader's Pod {}/{pod}: it drains its webhooks instead of exiting mid-request (its ReplicaSet replaces it)",
-                    c.label, ch.namespace
-                );
+                out.detail(format!("{}: deleted the former leader's Pod {}/{pod}: it drains its webhooks instead of exiting mid-request (its ReplicaSet replaces it)",
+                    c.label, ch.namespace));
             }
         }
     }

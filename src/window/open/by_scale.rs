@@ -1,7 +1,7 @@
 //! Stopping by Scale in `handoff window open`: each Deployment pinned to 0 with its count
 //! saved, the API server's own pin proven in force, and the wait for the pods to be gone.
 
-use std::io::Write;
+use crate::window::progress::Progress;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -17,7 +17,7 @@ use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
 use crate::rules::selector::Selector;
 
 /// Scale one Deployment to 0, saving its count in the annotation. Returns the saved count.
-pub async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut dyn Write) -> Result<i32> {
+pub async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut Progress) -> Result<i32> {
     let api: Api<Deployment> = Api::namespaced(c.client.clone(), ns);
     for _attempt in 0..5 {
         let d = api
@@ -26,11 +26,10 @@ pub async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut dyn Wri
             .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?;
         let (patch, saved_now) = match plan::pin_plan(&d) {
             PinPlan::AlreadyPinned(s) => {
-                let _ = writeln!(
-                    out,
+                out.say(format!(
                     "{}: {ns}/{name} already pinned (restores to {s})",
                     c.label
-                );
+                ));
                 return Ok(s.0);
             }
             // Pinned, with an annotation nobody can read: leave it for close to report.
@@ -51,11 +50,10 @@ pub async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut dyn Wri
             .await
         {
             Ok(_) => {
-                let _ = writeln!(
-                    out,
+                out.say(format!(
                     "{}: pinned {ns}/{name} to 0 replicas (was {saved_now})",
                     c.label
-                );
+                ));
                 return Ok(saved_now);
             }
             // Someone changed it between our read and write: read again.
@@ -75,7 +73,7 @@ pub async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut dyn Wri
 pub async fn wait_policy_in_force(
     c: &Cluster,
     (ns, name): &(String, String),
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     let api: Api<Deployment> = Api::namespaced(c.client.clone(), ns);
     let dry = PatchParams {
@@ -97,19 +95,13 @@ pub async fn wait_policy_in_force(
         if d.spec.and_then(|s| s.replicas) == Some(0)
             && s.spec.and_then(|s| s.replicas).unwrap_or(0) == 0
         {
-            let _ = writeln!(
-                out,
-                "{}: pinned in the API server: a dry run asking {ns}/{name} (and its scale) for 1 replica comes back at 0",
-                c.label
-            );
+            out.detail(format!("{}: pinned in the API server: a dry run asking {ns}/{name} (and its scale) for 1 replica comes back at 0",
+                c.label));
             return Ok(());
         }
         if start.elapsed() >= Duration::from_secs(15) {
-            let _ = writeln!(
-                out,
-                "warning: {}: after 15s a dry run of {ns}/{name} at 1 replica is still not pinned by the API server's admission policies; the webhook pins meanwhile, if it runs",
-                c.label
-            );
+            out.warn(format!("{}: after 15s a dry run of {ns}/{name} at 1 replica is still not pinned by the API server's admission policies; the webhook pins meanwhile, if it runs",
+                c.label));
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -155,7 +147,7 @@ pub async fn remaining_pods(
 pub async fn wait_pods_gone(
     clusters: &[(Cluster, Vec<(String, String)>)],
     opts: &OpenOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     let start = tokio::time::Instant::now();
     let mut last = String::new();
@@ -171,7 +163,7 @@ pub async fn wait_pods_gone(
         }
         let line = waiting.join(", ");
         if line != last {
-            let _ = writeln!(out, "waiting for pods to be gone: {line}");
+            out.say(format!("waiting for pods to be gone: {line}"));
             last = line;
         }
         if start.elapsed() >= opts.wait_timeout {

@@ -2,8 +2,8 @@
 //! policy in force, how each selected Deployment is stopped, and `plan_open`, which prints it
 //! for a dry run.
 
+use crate::window::progress::Progress;
 use std::collections::BTreeMap;
-use std::io::Write;
 
 use super::super::common::{
     Cluster, Finding, Result, WindowError, dep_key, read_window, selected_deployments,
@@ -112,7 +112,7 @@ pub async fn choose(
 pub async fn plan_open(
     clusters: &[Cluster],
     opts: &OpenOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<i32> {
     let mut longest = 0;
     for c in clusters {
@@ -123,28 +123,26 @@ pub async fn plan_open(
             Some(w) if w.spec.is_open() => format!("MoveWindow {} is already open", opts.name),
             Some(_) => format!("would re-open MoveWindow {}", opts.name),
         };
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "{}: {window}, selecting {selector}, stopping by {policy:?}",
             c.label
-        );
+        ));
         let (served, down): (Vec<Finding>, Vec<Finding>) =
             findings.into_iter().partition(|f| leased(&choices, f));
         for line in preflight::by_deployment(&served) {
-            let _ = writeln!(
-                out,
+            out.say(format!(
                 "preflight: {line} (stopped by Lease: its webhooks keep serving)"
-            );
+            ));
         }
         let verdict = match opts.allow_webhook_outage {
             true => "allowed by --allow-webhook-outage",
             false => "open would refuse without --allow-webhook-outage",
         };
         for line in preflight::by_deployment(&down) {
-            let _ = writeln!(out, "preflight: {line} ({verdict})");
+            out.say(format!("preflight: {line} ({verdict})"));
         }
         if choices.is_empty() {
-            let _ = writeln!(out, "{}: no Deployment matches {selector}", c.label);
+            out.say(format!("{}: no Deployment matches {selector}", c.label));
         }
         for ch in &choices {
             if let Stop::Lease(leases) = &ch.plan {
@@ -153,10 +151,10 @@ pub async fn plan_open(
                 }
             }
             let what = planned(ch, opts.standby && plan::needs_standby(ch.replicas, None));
-            let _ = writeln!(out, "{}: {}: {what}", c.label, ch.what());
+            out.say(format!("{}: {}: {what}", c.label, ch.what()));
         }
     }
-    let _ = writeln!(out, "dry run: nothing was written");
+    out.say("dry run: nothing was written");
     Ok(longest)
 }
 

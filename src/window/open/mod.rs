@@ -6,7 +6,7 @@ mod by_lease;
 mod by_scale;
 mod choose;
 
-use std::io::Write;
+use crate::window::progress::Progress;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -64,14 +64,17 @@ async fn ensure_open(
     c: &Cluster,
     opts: &OpenOptions,
     leased: &[PinnedDeployment],
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<(bool, MoveWindowStatus)> {
     // `checked` refused an existing window whose selector or stop policy the flags contradict.
     // A window is created (or re-opened) Closed, its Lease-stopped Deployments recorded, and
     // only then set Open: a pin that sees it open always sees which ones not to scale.
     let (spec, was_open) = window_at_least_closed(c, opts).await?;
     if was_open {
-        let _ = writeln!(out, "{}: MoveWindow {} is already open", c.label, opts.name);
+        out.say(format!(
+            "{}: MoveWindow {} is already open",
+            c.label, opts.name
+        ));
     }
     // Recorded before the pin's policies are bound: their condition reads the strategies.
     let status = record(c, &opts.name, |s| {
@@ -93,7 +96,7 @@ async fn ensure_open(
     .await?;
     if !was_open {
         set_state(c, &opts.name, WindowState::Open).await?;
-        let _ = writeln!(out, "{}: MoveWindow {} is Open", c.label, opts.name);
+        out.say(format!("{}: MoveWindow {} is Open", c.label, opts.name));
     }
     // With the pin's admission policies installed, the window binds them too, so that it
     // pins inside the API server even while no handoff replica runs.
@@ -114,11 +117,10 @@ async fn ensure_open(
                     opts.name
                 ),
             ))?;
-        let _ = writeln!(
-            out,
+        out.detail(format!(
             "{}: bound the pin's MutatingAdmissionPolicies to MoveWindow {}",
             c.label, opts.name
-        );
+        ));
     }
     Ok((bound, status))
 }
@@ -155,7 +157,7 @@ async fn window_at_least_closed(c: &Cluster, opts: &OpenOptions) -> Result<(Move
 /// nothing). `handoff move` adds the source's before clusterctl starts, so that they are Ready
 /// by the time clusterctl has paused the source; `take` finds them recorded, adds none, and
 /// waits until they are Ready before it takes a Lease.
-pub async fn ready_standbys(c: &Cluster, opts: &OpenOptions, out: &mut dyn Write) -> Result<()> {
+pub async fn ready_standbys(c: &Cluster, opts: &OpenOptions, out: &mut Progress) -> Result<()> {
     if !opts.standby {
         return Ok(());
     }
@@ -214,7 +216,7 @@ fn merge_leased(s: &mut MoveWindowStatus, mut p: PinnedDeployment) {
 /// be stopped, and the preflight (a Scale-stopped Deployment behind a fail-closed webhook is
 /// refused unless `--allow-webhook-outage`). `handoff move` runs it for both clusters before
 /// it starts.
-pub async fn check(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write) -> Result<()> {
+pub async fn check(clusters: &[Cluster], opts: &OpenOptions, out: &mut Progress) -> Result<()> {
     checked(clusters, opts, out).await.map(|_| ())
 }
 
@@ -225,7 +227,7 @@ type Chosen = (Selector, StopPolicy, Vec<Choice>);
 async fn checked(
     clusters: &[Cluster],
     opts: &OpenOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Vec<(Chosen, Vec<String>)>> {
     // The name becomes a label value on held Leases (at most 63 characters), refused now
     // rather than after the first Deployment is stopped.
@@ -257,7 +259,9 @@ async fn checked(
         }
         if !opts.quiet_preflight {
             for line in preflight::by_deployment(&served) {
-                let _ = writeln!(out, "{line}: stopped by Lease, its webhooks keep serving");
+                out.say(format!(
+                    "{line}: stopped by Lease, its webhooks keep serving"
+                ));
             }
         }
         let mut services: Vec<String> = served.into_iter().map(|f| f.service).collect();
@@ -271,7 +275,7 @@ async fn checked(
         }
         if !opts.quiet_preflight {
             for line in preflight::by_deployment(&findings) {
-                let _ = writeln!(out, "warning: {line} (allowed by --allow-webhook-outage)");
+                out.warn(format!("{line} (allowed by --allow-webhook-outage)"));
             }
         }
     }
@@ -319,7 +323,7 @@ pub fn first_taken(taken: &[Taken]) -> String {
 /// every selected Deployment (Lease or Scale, source first), and wait until each is proven
 /// stopped: the former leaders' `leaseDurationSeconds` after the take-over for a Lease, the
 /// pods gone for a Scale.
-pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write) -> Result<()> {
+pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut Progress) -> Result<()> {
     let taken = take(clusters, opts, out).await?;
     prove(&taken, out).await
 }
@@ -330,7 +334,7 @@ pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut dyn Write)
 pub async fn take(
     clusters: &[Cluster],
     opts: &OpenOptions,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Vec<Taken>> {
     let started = tokio::time::Instant::now();
     let chosen = checked(clusters, opts, out).await?;
@@ -362,7 +366,7 @@ pub async fn take(
             started,
         };
         if choices.is_empty() {
-            let _ = writeln!(out, "{}: no Deployment is selected", c.label);
+            out.say(format!("{}: no Deployment is selected", c.label));
         }
         t.scaled = pin_scaled(c, opts, choices, *bound, out).await?;
         let leased: Vec<&Choice> = choices
@@ -423,7 +427,7 @@ async fn pin_scaled(
     opts: &OpenOptions,
     choices: &[Choice],
     bound: bool,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<Vec<(String, String)>> {
     let mut keys = Vec::new();
     for ch in choices {
@@ -464,7 +468,7 @@ async fn add_standbys(
     leased: &[&Choice],
     status: &MoveWindowStatus,
     wait: bool,
-    out: &mut dyn Write,
+    out: &mut Progress,
 ) -> Result<()> {
     let mut standbys = Vec::new();
     let mut added = Vec::new();
@@ -499,12 +503,9 @@ async fn add_standbys(
         standbys.push((*ch, ch.replicas + 1));
     }
     if !added.is_empty() {
-        let _ = writeln!(
-            out,
-            "{}: a standby replica (1 → 2), so that the webhooks keep a Ready pod while the leader goes: {}",
+        out.say(format!("{}: a standby replica (1 → 2), so that the webhooks keep a Ready pod while the leader goes: {}",
             c.label,
-            added.join(", ")
-        );
+            added.join(", ")));
     }
     if !wait {
         return Ok(());
@@ -520,10 +521,9 @@ async fn add_standbys(
         )
         .await?
         {
-            let _ = writeln!(
-                out,
-                "warning: {why}; its Lease is taken without knowing that its standby is Ready"
-            );
+            out.warn(format!(
+                "{why}; its Lease is taken without knowing that its standby is Ready"
+            ));
         }
     }
     Ok(())
@@ -537,7 +537,7 @@ const FAST_POLL: Duration = Duration::from_millis(500);
 /// leaders can no longer be leading (the latest bound of all), check that every Lease is still
 /// the window's and that the Lease-stopped controllers serve (a Ready pod, their webhook
 /// Services a ready endpoint), and wait for the pinned pods to be gone.
-pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
+pub async fn prove(taken: &[Taken], out: &mut Progress) -> Result<()> {
     wait_bounds(taken, out).await;
     for t in taken {
         let deployments: Vec<(String, String)> = t
@@ -550,7 +550,7 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
             standby::wait_serving(&t.cluster, &deployments, &t.services, SERVING_TIMEOUT, poll)
                 .await?
         {
-            let _ = writeln!(out, "warning: {why}");
+            out.warn(why);
         }
     }
     // Every cluster's pinned pods, waited for at once.
@@ -569,18 +569,17 @@ pub async fn prove(taken: &[Taken], out: &mut dyn Write) -> Result<()> {
         record_proven(t, out).await?;
     }
     if let Some(started) = taken.iter().map(|t| t.started).min() {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "every selected controller proven stopped in {:.1}s",
             started.elapsed().as_secs_f64()
-        );
+        ));
     }
     Ok(())
 }
 
 /// Until the former leaders can no longer be leading: the longest bound, named (the others
 /// end with it or before).
-async fn wait_bounds(taken: &[Taken], out: &mut dyn Write) {
+async fn wait_bounds(taken: &[Taken], out: &mut Progress) {
     let proofs: Vec<(&Taken, &Choice, &Timestamp)> = taken
         .iter()
         .flat_map(|t| t.leased.iter().map(move |(ch, _, at)| (t, ch, at)))
@@ -591,14 +590,11 @@ async fn wait_bounds(taken: &[Taken], out: &mut dyn Write) {
     let until = **until;
     let left = until.duration_since(Timestamp::now()).as_secs_f64();
     if left >= 0.5 {
-        let _ = writeln!(
-            out,
-            "waiting {left:.0}s, until {until}, for the former leaders of {} Deployment{} to be unable to lead (the last: {}: {})",
+        out.say(format!("waiting {left:.0}s, until {until}, for the former leaders of {} Deployment{} to be unable to lead (the last: {}: {})",
             proofs.len(),
             if proofs.len() == 1 { "" } else { "s" },
             t.cluster.label,
-            ch.what()
-        );
+            ch.what()));
     }
     lease::sleep_until(until, "the former leaders can no longer be leading", out).await;
 }
@@ -634,7 +630,7 @@ async fn still_held(t: &Taken) -> Result<()> {
 }
 
 /// Record each Deployment stopped since its bound, and the window open.
-async fn record_proven(t: &Taken, out: &mut dyn Write) -> Result<()> {
+async fn record_proven(t: &Taken, out: &mut Progress) -> Result<()> {
     let c = &t.cluster;
     for (ch, _, at) in &t.leased {
         record(c, &t.opts.name, |s| {
@@ -647,13 +643,10 @@ async fn record_proven(t: &Taken, out: &mut dyn Write) -> Result<()> {
     }
     if !t.leased.is_empty() {
         let what: Vec<String> = t.leased.iter().map(|(ch, _, _)| ch.what()).collect();
-        let _ = writeln!(
-            out,
-            "{}: stopped and serving: {} (no former leader can be leading since {}; a Ready pod each)",
+        out.say(format!("{}: stopped and serving: {} (no former leader can be leading since {}; a Ready pod each)",
             c.label,
             what.join(", "),
-            t.proven_at()
-        );
+            t.proven_at()));
     }
     record(c, &t.opts.name, |s| {
         s.phase = Some(WindowPhase::Open);
@@ -663,6 +656,6 @@ async fn record_proven(t: &Taken, out: &mut dyn Write) -> Result<()> {
         s.last_step = Some("stopped".into());
     })
     .await?;
-    let _ = writeln!(out, "{}: MoveWindow {} is open", c.label, t.opts.name);
+    out.say(format!("{}: MoveWindow {} is open", c.label, t.opts.name));
     Ok(())
 }
