@@ -13,14 +13,25 @@ use anyhow::Context as _;
 use crate::cli::StateArgs;
 use handoff::config::ConfigFile;
 use handoff::state::State;
+use handoff::window::user_agent::StepLabel;
 
 /// A client as kubectl would pick its cluster: `--kubeconfig` alone when given, else every
 /// file in `$KUBECONFIG` merged (kube's `Kubeconfig::read`: the first file to set an entry or
 /// `current-context` wins), else `~/.kube/config`, else in-cluster; `--context` picks the
-/// context. Also returns the API server's URL, for error messages.
+/// context. Also returns the API server's URL, for error messages. Its requests say they are
+/// handoff's (`User-Agent: handoff/<version>`).
 pub async fn client_for(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
+) -> anyhow::Result<(kube::Client, String)> {
+    client_with(kubeconfig, context, &StepLabel::default()).await
+}
+
+/// `client_for`, its User-Agent naming the step `label` holds when each request is sent.
+pub async fn client_with(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+    label: &StepLabel,
 ) -> anyhow::Result<(kube::Client, String)> {
     let opts = kube::config::KubeConfigOptions {
         context: context.map(str::to_string),
@@ -42,7 +53,10 @@ pub async fn client_for(
             .context("no cluster found (not in a cluster, no kubeconfig); pass --kubeconfig")?,
     };
     let server = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .context("cannot build a Kubernetes client")?
+        .with_layer(&label.layer())
+        .build();
     Ok((client, server))
 }
 
@@ -51,8 +65,9 @@ pub async fn client_for(
 pub async fn client_and_namespace(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
+    label: &StepLabel,
 ) -> anyhow::Result<(kube::Client, String, String)> {
-    let (client, server) = client_for(kubeconfig, context).await?;
+    let (client, server) = client_with(kubeconfig, context, label).await?;
     let ns = client.default_namespace().to_string();
     Ok((client, server, ns))
 }

@@ -143,14 +143,22 @@ async fn window_command(
 pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
     use handoff::resources::move_window::MoveRole;
     use handoff::window::{self, Cluster, move_plan::ClusterctlFlags};
-    let (source, source_server, source_ns) =
-        client_and_namespace(a.kubeconfig.as_deref(), a.kubeconfig_context.as_deref())
-            .await
-            .context("--kubeconfig (the source)")?;
-    let (target, target_server, _) =
-        client_and_namespace(Some(&a.to_kubeconfig), a.to_kubeconfig_context.as_deref())
-            .await
-            .context("--to-kubeconfig (the target)")?;
+    // Both clusters' requests name the step performed (the audit log's and the crash suite's).
+    let label = handoff::window::user_agent::StepLabel::default();
+    let (source, source_server, source_ns) = client_and_namespace(
+        a.kubeconfig.as_deref(),
+        a.kubeconfig_context.as_deref(),
+        &label,
+    )
+    .await
+    .context("--kubeconfig (the source)")?;
+    let (target, target_server, _) = client_and_namespace(
+        Some(&a.to_kubeconfig),
+        a.to_kubeconfig_context.as_deref(),
+        &label,
+    )
+    .await
+    .context("--to-kubeconfig (the target)")?;
     // The proof that a Scale-stopped source controller is stopped is its pods gone: a move
     // never skips it.
     if a.wait_timeout.is_zero() {
@@ -192,6 +200,7 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
             lead_timeout: a.lead_timeout,
         },
         poll: handoff::window::MOVE_POLL,
+        step_label: label.clone(),
     };
     let source = Cluster {
         label: "source".into(),

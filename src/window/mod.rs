@@ -18,6 +18,7 @@ mod preflight;
 pub mod progress;
 mod standby;
 mod status;
+pub mod user_agent;
 
 pub use close::{CLOSE_POLL, CLOSE_SETTLE, CloseOptions, Restored, close};
 pub use common::{Cluster, Finding, WindowError};

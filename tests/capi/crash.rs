@@ -63,6 +63,8 @@ struct Point {
     trigger: Trigger,
     /// Which write of the reference run it is (from 1), for the log.
     at: usize,
+    /// The step of `handoff move` whose first write it is, if it is one.
+    step: Option<String>,
 }
 
 impl Point {
@@ -71,8 +73,12 @@ impl Point {
             Agent::Handoff => "handoff",
             Agent::Clusterctl => "clusterctl",
         };
+        let step = match &self.step {
+            Some(s) => format!("step {s}'s first write: "),
+            None => String::new(),
+        };
         format!(
-            "write {} ({who}'s {} #{})",
+            "{step}write {} ({who}'s {} #{})",
             self.at, self.trigger.label, self.trigger.nth
         )
     }
@@ -87,6 +93,9 @@ fn points(log: &[Write]) -> Vec<Point> {
     let mut clusterctl_creates = Vec::new();
     let mut first_clusterctl = true;
     let mut first_delete = true;
+    // The steps of `handoff move` (its User-Agent names each): the first write of each is a
+    // point, so a new step is a new point with no edit here.
+    let mut steps_seen: BTreeSet<String> = BTreeSet::new();
     for (i, w) in log.iter().enumerate() {
         let is_handoff = w.agent == Agent::Handoff;
         let nth = {
@@ -97,6 +106,11 @@ fn points(log: &[Write]) -> Vec<Point> {
         let same = previous.as_ref() == Some(&(w.agent, w.label.clone()));
         run = if same { run + 1 } else { 1 };
         previous = Some((w.agent, w.label.clone()));
+        let first_of_step = w
+            .step
+            .as_ref()
+            .filter(|s| steps_seen.insert(s.to_string()))
+            .cloned();
         let point = || Point {
             trigger: Trigger {
                 agent: w.agent,
@@ -104,9 +118,10 @@ fn points(log: &[Write]) -> Vec<Point> {
                 nth,
             },
             at: i + 1,
+            step: first_of_step.clone(),
         };
         match w.agent {
-            Agent::Handoff if run == 1 => out.push(point()),
+            Agent::Handoff if run == 1 || first_of_step.is_some() => out.push(point()),
             Agent::Handoff => {}
             Agent::Clusterctl => {
                 if first_clusterctl {
@@ -1247,6 +1262,30 @@ fn handoff_move_killed_at_each_crash_point_is_finished_or_undone() {
     moved(&src, &dst, &before, "the reference move");
     let agents: BTreeSet<Agent> = log.iter().map(|w| w.agent).collect();
     assert_eq!(agents.len(), 2, "the proxies tell handoff from clusterctl");
+    // Every write of handoff's names the step that made it, and a move that writes goes
+    // through the steps that write, in the order the planner gives them.
+    let unnamed: Vec<&str> = log
+        .iter()
+        .filter(|w| w.agent == Agent::Handoff && w.step.is_none())
+        .map(|w| w.label.as_str())
+        .collect();
+    assert!(unnamed.is_empty(), "writes of no step: {unnamed:?}");
+    let mut steps: Vec<&str> = log.iter().filter_map(|w| w.step.as_deref()).collect();
+    steps.dedup();
+    assert_eq!(
+        steps,
+        [
+            "StopTarget",
+            "Hold",
+            "RunClusterctl",
+            "Lift",
+            "Copied",
+            "RestoreTarget",
+            "RestoreSource",
+            "Finish"
+        ],
+        "the steps that wrote, in order"
+    );
     let points = points(&log);
     eprintln!(
         "reference move: {:.1}s, {} writes ({} handoff's), {} crash points:",

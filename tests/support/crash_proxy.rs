@@ -41,6 +41,9 @@ pub struct Write {
     pub role: &'static str,
     /// `METHOD resource[/subresource] [what] in ROLE` (`what_of`).
     pub label: String,
+    /// The step of `handoff move` that made it, as its User-Agent says
+    /// (`handoff/<version> (move step StopTarget)`); `None` for clusterctl's.
+    pub step: Option<String>,
 }
 
 /// A write that arrived after the trigger had fired.
@@ -219,8 +222,8 @@ async fn handle(
     // Reviews and dry runs change nothing: no crash point.
     let write = write && !resource.ends_with("reviews") && !target.contains("dryRun=");
     let arrived = Instant::now();
-    // clusterctl's client-go sends `clusterctl/<version> …`; kube-rs, handoff's client, sends
-    // no User-Agent.
+    // clusterctl's client-go sends `clusterctl/<version> …`; handoff `handoff/<version>`, with
+    // the step it performs (`window::user_agent`).
     let user_agent = req
         .headers()
         .get(http::header::USER_AGENT)
@@ -260,10 +263,15 @@ async fn handle(
             Agent::Handoff => what_of(&resource, &target, &body),
             Agent::Clusterctl => String::new(),
         };
+        let step = user_agent
+            .as_deref()
+            .and_then(|ua| ua.split_once("(move step ")?.1.split(')').next())
+            .map(str::to_string);
         let w = Write {
             agent,
             role,
             label: format!("{method} {resource}{what} in {role}"),
+            step,
         };
         let hit = {
             let mut t = shared.trigger.lock().unwrap();

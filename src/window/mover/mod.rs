@@ -20,6 +20,7 @@ use super::common::{Cluster, Result, WindowError, read_window, record};
 use super::move_next::{self, Asked, Observed, Outcome, Run, Step};
 use super::move_plan::ClusterctlFlags;
 use super::open::{OpenOptions, Taken};
+use super::user_agent::StepLabel;
 use crate::resources::move_window::{MoveRecord, MoveRole};
 use child::Signals;
 use cluster_api::{CLUSTER_CLASSES, clusters_in, paused_in, scan, secrets_in};
@@ -39,6 +40,8 @@ pub struct MoveOptions {
     pub close: CloseOptions,
     /// How often the source is read while clusterctl waits.
     pub poll: Duration,
+    /// Set to each step as it is performed: the clients' User-Agent says it.
+    pub step_label: StepLabel,
 }
 
 async fn read_record(c: &Cluster, window: &str) -> Result<Option<MoveRecord>> {
@@ -226,6 +229,7 @@ pub async fn run(
         let seen = m.observe(&asked, recorded.as_ref(), &run).await?;
         let step = move_next::next(&asked, recorded.as_ref(), &seen, &run);
         m.out.step(step.name());
+        opts.step_label.set(step.name());
         match m.perform(&step, recorded.as_ref(), &seen, &run).await {
             Ok(Some(outcome)) => run.clusterctl = Some(outcome),
             Ok(None) if step == Step::Done => return Ok(()),

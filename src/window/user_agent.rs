@@ -1,0 +1,112 @@
+//! Who makes each request: `handoff/<version>`, and while `handoff move` performs a step,
+//! `handoff/<version> (move step StopTarget)`. The API server's audit log then names the step
+//! behind each of handoff's writes, and so does the crash suite's proxy, which kills handoff at
+//! the first write of each step (`tests/capi/crash.rs`): a new step is a new crash point.
+
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Request, header::USER_AGENT};
+use tower::{Layer, Service};
+
+/// The step performed now, shared by the driver (which sets it) and the clients' layer
+/// (which says it).
+#[derive(Clone, Debug, Default)]
+pub struct StepLabel(Arc<Mutex<Option<&'static str>>>);
+
+impl StepLabel {
+    pub fn set(&self, step: &'static str) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(step);
+    }
+
+    /// The User-Agent of a request sent now.
+    pub fn user_agent(&self) -> String {
+        let version = env!("CARGO_PKG_VERSION");
+        match *self.0.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(step) => format!("handoff/{version} (move step {step})"),
+            None => format!("handoff/{version}"),
+        }
+    }
+
+    /// The layer that puts it on every request of a client
+    /// (`kube::client::ClientBuilder::with_layer`).
+    pub fn layer(&self) -> UserAgentLayer {
+        UserAgentLayer(self.clone())
+    }
+}
+
+#[derive(Clone)]
+pub struct UserAgentLayer(StepLabel);
+
+impl<S> Layer<S> for UserAgentLayer {
+    type Service = UserAgent<S>;
+
+    fn layer(&self, inner: S) -> UserAgent<S> {
+        UserAgent {
+            inner,
+            label: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct UserAgent<S> {
+    inner: S,
+    label: StepLabel,
+}
+
+impl<S, B> Service<Request<B>> for UserAgent<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> S::Future {
+        if let Ok(v) = HeaderValue::from_str(&self.label.user_agent()) {
+            req.headers_mut().insert(USER_AGENT, v);
+        }
+        self.inner.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_request_says_the_step_performed_when_it_was_sent() {
+        let label = StepLabel::default();
+        let mut svc = label
+            .layer()
+            .layer(tower::service_fn(|req: Request<()>| async move {
+                Ok::<_, std::convert::Infallible>(
+                    req.headers()[USER_AGENT].to_str().unwrap().to_string(),
+                )
+            }));
+        let mut send = || {
+            let f = svc.call(Request::new(()));
+            futures_lite(f)
+        };
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(send(), format!("handoff/{version}"));
+        label.set("StopTarget");
+        assert_eq!(send(), format!("handoff/{version} (move step StopTarget)"));
+    }
+
+    /// The service's future, which is ready at once.
+    fn futures_lite<F: std::future::Future<Output = Result<String, std::convert::Infallible>>>(
+        f: F,
+    ) -> String {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+            .unwrap()
+    }
+}
