@@ -7,6 +7,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 
+use serde_json::json;
+
 use super::super::common::{Cluster, Result, api_err};
 use super::super::move_plan::{BLOCK_MOVE, ClusterSeen, PAUSED_ANNOTATION};
 
@@ -160,6 +162,75 @@ pub async fn secrets_in(c: &Cluster, ns: &str) -> Result<Option<Scan>> {
         out.objects.push(what);
     }
     Ok(Some(out))
+}
+
+/// Remove clusterctl's `delete-for-move` mark from every object of `ns` that carries it (the
+/// moved kinds and the Cluster API Secrets): objects clusterctl marked and did not get to
+/// delete before it died. clusterctl copies an object's annotations as they are
+/// (`mover.go`, `createTargetObject`), so a re-run would create the mark in the target, where a
+/// later delete would be taken for part of a move. Called only while the source's controllers
+/// are stopped; clusterctl marks each object again right before it deletes it
+/// (`deleteSourceObject`). What was unmarked, as `Kind namespace/name`; one already being
+/// deleted keeps its mark.
+pub async fn unmark_delete_for_move(c: &Cluster, ns: &str) -> Result<Vec<String>> {
+    let unmark = json!({"metadata": {"annotations": {DELETE_FOR_MOVE: null}}});
+    // One being deleted keeps its mark: were its controllers to run before clusterctl removed
+    // its finalizers, the mark is what tells them not to tear down what it stands for.
+    let marked = |o: &kube::api::ObjectMeta| {
+        o.deletion_timestamp.is_none()
+            && o.annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(DELETE_FOR_MOVE))
+    };
+    let mut out = Vec::new();
+    let crds = Api::<CustomResourceDefinition>::all(c.client.clone())
+        .list(&ListParams::default().labels("clusterctl.cluster.x-k8s.io"))
+        .await
+        .map_err(api_err(
+            c,
+            "listing the CustomResourceDefinitions clusterctl moves",
+        ))?;
+    for ar in crds
+        .items
+        .iter()
+        .filter(|crd| crd.spec.scope == "Namespaced")
+        .filter_map(api_resource)
+    {
+        let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar);
+        let list = api
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(api_err(c, format!("listing {} in {ns}", ar.plural)))?;
+        for o in list.items.iter().filter(|o| marked(&o.metadata)) {
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let what = format!("{} {ns}/{name}", ar.kind);
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&unmark))
+                .await
+            {
+                Ok(_) => out.push(what),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(api_err(c, format!("unmarking {what}"))(e)),
+            }
+        }
+    }
+    let secrets = Api::<Secret>::namespaced(c.client.clone(), ns);
+    let listed = secrets
+        .list_metadata(&ListParams::default().labels("cluster.x-k8s.io/cluster-name"))
+        .await
+        .map_err(api_err(c, format!("listing secrets in {ns}")))?;
+    for o in listed.items.iter().filter(|o| marked(&o.metadata)) {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        match secrets
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&unmark))
+            .await
+        {
+            Ok(_) => out.push(format!("Secret {ns}/{name}")),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(api_err(c, format!("unmarking Secret {ns}/{name}"))(e)),
+        }
+    }
+    Ok(out)
 }
 
 /// Merge-patch one object of `crd` (`namespace/name`); `false` when it is gone.

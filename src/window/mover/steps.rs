@@ -9,7 +9,7 @@ use super::super::move_next::{Observed, Outcome, Run, Step};
 use super::super::move_plan::{self, BLOCK_MOVE, Start};
 use super::super::open::{Taken, check, first_taken, open, prove, ready_standbys, take};
 use super::child::{self, Signals};
-use super::cluster_api::{self, CLUSTERS, clusters_in};
+use super::cluster_api::{self, CLUSTERS, DELETE_FOR_MOVE, clusters_in, unmark_delete_for_move};
 use super::clusterctl::{SourceStop, lift_block_move, render_args, run_clusterctl};
 use super::restore::{
     report_abort, report_done, restore_one, unpause, unpause_what_clusterctl_paused,
@@ -213,6 +213,13 @@ impl Mover<'_> {
             m.source_stopped_at.get_or_insert_with(now);
         })
         .await?;
+        let unmarked = unmark_delete_for_move(self.source, &self.ns).await?;
+        if !unmarked.is_empty() {
+            self.out.say(format!(
+                "source: removed {DELETE_FOR_MOVE} from {} (clusterctl marked them and died before deleting them; it would copy the mark to the target, and marks each again right before it deletes it)",
+                unmarked.join(", ")
+            ));
+        }
         unpause_what_clusterctl_paused(self.source, self.target, self.opts, r, self.out).await?;
         p.done(
             self.out,
