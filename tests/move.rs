@@ -550,10 +550,35 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     stopped(&source, "move-delta");
     stopped(&target, "move-delta");
     let held = source.capi().reconciles(&source.api);
+    // clusterctl marks an object, then deletes it; one it marked and died before deleting keeps
+    // the mark, and clusterctl copies annotations as they are: the re-run must unmark it first,
+    // or its copy in the target is marked for deletion-by-move.
+    source.api.ok(
+        ADMIN,
+        &[
+            "-n",
+            "delta",
+            "annotate",
+            "clusters.cluster.x-k8s.io",
+            "workload",
+            "clusterctl.cluster.x-k8s.io/delete-for-move=",
+        ],
+    );
     let finish = handoff_move(&source, &target, "delta", &[], &env(None));
     let log = text(&finish.stderr);
     eprintln!("handoff move after deletes had begun:\n{log}");
     assert!(finish.status.success(), "{log}");
+    assert!(
+        log.contains("source: removed clusterctl.cluster.x-k8s.io/delete-for-move from Cluster delta/workload"),
+        "{log}"
+    );
+    let copy = target.get(&["-n", "delta", "clusters.cluster.x-k8s.io", "workload"]);
+    assert!(
+        copy["metadata"]["annotations"]
+            .get("clusterctl.cluster.x-k8s.io/delete-for-move")
+            .is_none(),
+        "the target's copy is marked for deletion-by-move: {copy}"
+    );
     assert!(
         log.contains("clusterctl had begun deleting from the source, so the source's controllers stay stopped")
             && !log.contains("the source runs again"),

@@ -170,9 +170,10 @@ pub async fn secrets_in(c: &Cluster, ns: &str) -> Result<Option<Scan>> {
 /// (`mover.go`, `createTargetObject`), so a re-run would create the mark in the target, where a
 /// later delete would be taken for part of a move. Called only while the source's controllers
 /// are stopped; clusterctl marks each object again right before it deletes it
-/// (`deleteSourceObject`). What was unmarked, as `Kind namespace/name`; one already being
-/// deleted keeps its mark.
-pub async fn unmark_delete_for_move(c: &Cluster, ns: &str) -> Result<Vec<String>> {
+/// (`deleteSourceObject`). What was unmarked, as `Kind namespace/name` (one already being
+/// deleted keeps its mark), and whether the Secrets could be read (`false` where this user
+/// may not list them).
+pub async fn unmark_delete_for_move(c: &Cluster, ns: &str) -> Result<(Vec<String>, bool)> {
     let unmark = json!({"metadata": {"annotations": {DELETE_FOR_MOVE: null}}});
     // One being deleted keeps its mark: were its controllers to run before clusterctl removed
     // its finalizers, the mark is what tells them not to tear down what it stands for.
@@ -215,10 +216,14 @@ pub async fn unmark_delete_for_move(c: &Cluster, ns: &str) -> Result<Vec<String>
         }
     }
     let secrets = Api::<Secret>::namespaced(c.client.clone(), ns);
-    let listed = secrets
+    let listed = match secrets
         .list_metadata(&ListParams::default().labels("cluster.x-k8s.io/cluster-name"))
         .await
-        .map_err(api_err(c, format!("listing secrets in {ns}")))?;
+    {
+        Ok(l) => l,
+        Err(kube::Error::Api(e)) if e.code == 403 => return Ok((out, false)),
+        Err(e) => return Err(api_err(c, format!("listing secrets in {ns}"))(e)),
+    };
     for o in listed.items.iter().filter(|o| marked(&o.metadata)) {
         let name = o.metadata.name.clone().unwrap_or_default();
         match secrets
@@ -230,7 +235,7 @@ pub async fn unmark_delete_for_move(c: &Cluster, ns: &str) -> Result<Vec<String>
             Err(e) => return Err(api_err(c, format!("unmarking Secret {ns}/{name}"))(e)),
         }
     }
-    Ok(out)
+    Ok((out, true))
 }
 
 /// Merge-patch one object of `crd` (`namespace/name`); `false` when it is gone.

@@ -213,7 +213,13 @@ impl Mover<'_> {
             m.source_stopped_at.get_or_insert_with(now);
         })
         .await?;
-        let unmarked = unmark_delete_for_move(self.source, &self.ns).await?;
+        let (unmarked, secrets_read) = unmark_delete_for_move(self.source, &self.ns).await?;
+        if !secrets_read {
+            self.out.warn(format!(
+                "cannot list the Secrets of namespace {} (forbidden), so a Secret clusterctl marked {DELETE_FOR_MOVE} and did not delete keeps the mark, and so does its copy in the target; run handoff move as the user who runs clusterctl move",
+                self.ns
+            ));
+        }
         if !unmarked.is_empty() {
             self.out.say(format!(
                 "source: removed {DELETE_FOR_MOVE} from {} (clusterctl marked them and died before deleting them; it would copy the mark to the target, and marks each again right before it deletes it)",
