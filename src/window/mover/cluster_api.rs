@@ -89,7 +89,9 @@ pub struct Scan {
     pub deleting: Vec<String>,
 }
 
-pub async fn scan(c: &Cluster, ns: &str) -> Result<Scan> {
+/// The namespaced kinds clusterctl moves: the CRDs labelled `clusterctl.cluster.x-k8s.io`, as
+/// clusterctl's discovery selects them (`objectgraph.go`, `getDiscoveryTypes`).
+async fn moved_kinds(c: &Cluster) -> Result<Vec<(CustomResourceDefinition, ApiResource)>> {
     let crds = Api::<CustomResourceDefinition>::all(c.client.clone())
         .list(&ListParams::default().labels("clusterctl.cluster.x-k8s.io"))
         .await
@@ -97,14 +99,20 @@ pub async fn scan(c: &Cluster, ns: &str) -> Result<Scan> {
             c,
             "listing the CustomResourceDefinitions clusterctl moves",
         ))?;
+    Ok(crds
+        .items
+        .into_iter()
+        .filter(|crd| crd.spec.scope == "Namespaced")
+        .filter_map(|crd| {
+            let ar = api_resource(&crd)?;
+            Some((crd, ar))
+        })
+        .collect())
+}
+
+pub async fn scan(c: &Cluster, ns: &str) -> Result<Scan> {
     let mut out = Scan::default();
-    for crd in crds.items {
-        if crd.spec.scope != "Namespaced" {
-            continue;
-        }
-        let Some(ar) = api_resource(&crd) else {
-            continue;
-        };
+    for (crd, ar) in moved_kinds(c).await? {
         let list = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar)
             .list_metadata(&ListParams::default())
             .await
@@ -184,19 +192,7 @@ pub async fn unmark_delete_for_move(c: &Cluster, ns: &str) -> Result<(Vec<String
                 .is_some_and(|a| a.contains_key(DELETE_FOR_MOVE))
     };
     let mut out = Vec::new();
-    let crds = Api::<CustomResourceDefinition>::all(c.client.clone())
-        .list(&ListParams::default().labels("clusterctl.cluster.x-k8s.io"))
-        .await
-        .map_err(api_err(
-            c,
-            "listing the CustomResourceDefinitions clusterctl moves",
-        ))?;
-    for ar in crds
-        .items
-        .iter()
-        .filter(|crd| crd.spec.scope == "Namespaced")
-        .filter_map(api_resource)
-    {
+    for (_, ar) in moved_kinds(c).await? {
         let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar);
         let list = api
             .list_metadata(&ListParams::default())
