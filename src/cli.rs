@@ -277,7 +277,8 @@ pub struct ProgressArgs {
     /// step of a move, each line said, warnings and details), for CI pipelines and wrappers.
     #[arg(long, short = 'o', value_enum, default_value_t = ProgressOutput::Text)]
     pub output: ProgressOutput,
-    /// Also say each Lease, binding and standby one by one, and each step of a move.
+    /// Also say the details: each step of a move, each former leader's Pod deleted, the pin's
+    /// policy bindings and their proof, a wait's countdown.
     #[arg(long, short = 'v')]
     pub verbose: bool,
 }
@@ -314,14 +315,14 @@ pub struct StateArgs {
     pub own_deployment: OwnDeployment,
     /// How long a watch may keep failing before its cache counts as stale (readiness fails and
     /// decisions that need it deny).
-    #[arg(long, value_name = "DURATION", default_value = handoff::state::STALE_AFTER.0, value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = handoff::state::STALE_AFTER.text, value_parser = duration)]
     pub stale_after: Duration,
     /// How old the namespace view may be (time since the watch last delivered anything) before
     /// a sync target's delete is allowed only after reading its namespace afresh.
-    #[arg(long, value_name = "DURATION", default_value = handoff::state::MAX_STALENESS.0, value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = handoff::state::MAX_STALENESS.text, value_parser = duration)]
     pub max_staleness: Duration,
     /// How long a cache-miss lookup may wait for the API server before the guard denies.
-    #[arg(long, value_name = "DURATION", default_value = handoff::state::API_TIMEOUT.0, value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = handoff::state::API_TIMEOUT.text, value_parser = duration)]
     pub api_timeout: Duration,
     /// kubeconfig for kcp (its base URL; a workspace URL is cut back to it). The guard then also
     /// reads the kcp namespace each located namespace's locator names, at
@@ -356,13 +357,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "BYTES", default_value_t = server::Limits::default().body_limit)]
     pub body_limit: usize,
     /// Deadline when the API server sends no ?timeout=.
-    #[arg(long, value_name = "DURATION", default_value = server::DEFAULT_TIMEOUT.0, value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = server::DEFAULT_TIMEOUT.text, value_parser = duration)]
     pub default_timeout: Duration,
     /// Requests decided at once; more wait.
     #[arg(long, value_name = "N", default_value_t = server::Limits::default().max_concurrency as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrency: u32,
     /// How long a request waits for a slot before it is shed with 503.
-    #[arg(long, value_name = "DURATION", default_value = server::QUEUE_TIMEOUT.0, value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = server::QUEUE_TIMEOUT.text, value_parser = duration)]
     pub queue_timeout: Duration,
     /// On SIGTERM, how long readiness fails before the listener closes (endpoint removal).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]

@@ -37,15 +37,19 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
     Some(total)
 }
 
-/// A default duration, written once as its flag shows it; `get` reads it at compile time, so
-/// the command line (`default_value = X.0`) and the library (`X.get()`) cannot disagree.
+/// A default duration, written once as its flag shows it (`text`, clap's `default_value`) and
+/// read from that text by `new` when the constant is compiled, so the command line and the
+/// library (`get`) cannot disagree, and a text `new` cannot read fails the build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GoDuration(pub &'static str);
+pub struct GoDuration {
+    pub text: &'static str,
+    value: Duration,
+}
 
 impl GoDuration {
-    /// One whole number and a unit (`h`, `m`, `s`, `ms`); anything else fails the build.
-    pub const fn get(self) -> Duration {
-        let b = self.0.as_bytes();
+    /// One whole number and a unit (`h`, `m`, `s`, `ms`).
+    pub const fn new(text: &'static str) -> GoDuration {
+        let b = text.as_bytes();
         let mut i = 0;
         let mut n: u64 = 0;
         while i < b.len() && b[i].is_ascii_digit() {
@@ -53,13 +57,18 @@ impl GoDuration {
             i += 1;
         }
         assert!(i > 0, "a default duration starts with a number");
-        match b.len() - i {
+        let value = match b.len() - i {
             1 if b[i] == b'h' => Duration::from_secs(n * 3600),
             1 if b[i] == b'm' => Duration::from_secs(n * 60),
             1 if b[i] == b's' => Duration::from_secs(n),
             2 if b[i] == b'm' && b[i + 1] == b's' => Duration::from_millis(n),
             _ => panic!("a default duration ends with h, m, s or ms"),
-        }
+        };
+        GoDuration { text, value }
+    }
+
+    pub const fn get(self) -> Duration {
+        self.value
     }
 }
 
@@ -71,10 +80,20 @@ mod tests {
     fn a_default_reads_as_its_flag_parses_it() {
         for text in ["0s", "3s", "10s", "30s", "500ms", "1m", "5m", "2h"] {
             assert_eq!(
-                Some(GoDuration(text).get()),
+                Some(GoDuration::new(text).get()),
                 parse_go_duration(text),
                 "{text}"
             );
+        }
+        // The defaults themselves, as the flags parse their text.
+        for d in [
+            crate::state::STALE_AFTER,
+            crate::state::MAX_STALENESS,
+            crate::state::API_TIMEOUT,
+            crate::server::DEFAULT_TIMEOUT,
+            crate::server::QUEUE_TIMEOUT,
+        ] {
+            assert_eq!(Some(d.get()), parse_go_duration(d.text), "{}", d.text);
         }
     }
 }

@@ -58,9 +58,9 @@ pub struct Limits {
 }
 
 /// The deadline when the API server sends no `?timeout=` (`--default-timeout`).
-pub const DEFAULT_TIMEOUT: GoDuration = GoDuration("10s");
+pub const DEFAULT_TIMEOUT: GoDuration = GoDuration::new("10s");
 /// How long a request waits for a slot (`--queue-timeout`).
-pub const QUEUE_TIMEOUT: GoDuration = GoDuration("1s");
+pub const QUEUE_TIMEOUT: GoDuration = GoDuration::new("1s");
 
 impl Default for Limits {
     fn default() -> Self {

@@ -223,12 +223,12 @@ pub struct State {
 type Annotations = Option<std::collections::BTreeMap<String, String>>;
 
 /// How long a watch may keep failing before its cache counts as stale (`--stale-after`).
-pub const STALE_AFTER: GoDuration = GoDuration("30s");
+pub const STALE_AFTER: GoDuration = GoDuration::new("30s");
 /// How old the namespace view may be before a sync target's delete reads its namespace
 /// afresh (`--max-staleness`).
-pub const MAX_STALENESS: GoDuration = GoDuration("10s");
+pub const MAX_STALENESS: GoDuration = GoDuration::new("10s");
 /// How long a read that a decision waits on may take (`--api-timeout`).
-pub const API_TIMEOUT: GoDuration = GoDuration("3s");
+pub const API_TIMEOUT: GoDuration = GoDuration::new("3s");
 
 impl State {
     pub fn new(ids: Identities) -> Self {

@@ -35,8 +35,9 @@ pub struct Observed {
 pub enum Outcome {
     /// clusterctl exited 0.
     Moved,
-    /// clusterctl exited otherwise: `code` as recorded (`-1`: killed), and `what` to say.
-    Exited { code: i32, exit: i32, what: String },
+    /// clusterctl exited otherwise: its code as recorded (`-1`: killed by a signal), and
+    /// `what` to say.
+    Exited { exit: i32, what: String },
     /// handoff could not go on (an error while it held or ran clusterctl).
     Stopped(String),
 }
@@ -255,14 +256,16 @@ fn next_abort(record: Option<&MoveRecord>, run: &Run) -> Step {
     if !run.lifted {
         return Step::Lift { warn: false };
     }
-    for role in [MoveRole::Source, MoveRole::Target] {
-        if !run.restored.contains(&role) {
-            return Step::Restore(role);
-        }
-    }
-    match run.finished {
-        false => Step::Aborted,
-        true => Step::Done,
+    bring_back([MoveRole::Source, MoveRole::Target], Step::Aborted, run)
+}
+
+/// Each cluster's controllers back in `order`, then `last` (which records and reports), then
+/// done.
+fn bring_back(order: [MoveRole; 2], last: Step, run: &Run) -> Step {
+    match order.into_iter().find(|role| !run.restored.contains(role)) {
+        Some(role) => Step::Restore(role),
+        None if run.finished => Step::Done,
+        None => last,
     }
 }
 
@@ -287,15 +290,7 @@ fn restore(run: &Run) -> Step {
     if !run.copied {
         return Step::Copied;
     }
-    for role in [MoveRole::Target, MoveRole::Source] {
-        if !run.restored.contains(&role) {
-            return Step::Restore(role);
-        }
-    }
-    match run.finished {
-        false => Step::Finish,
-        true => Step::Done,
-    }
+    bring_back([MoveRole::Target, MoveRole::Source], Step::Finish, run)
 }
 
 /// A move from its checks to clusterctl's exit, then its way out.

@@ -25,6 +25,24 @@ pub enum Format {
     Json,
 }
 
+/// How much a line matters: JSON's `level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Info,
+    Warning,
+    Detail,
+}
+
+impl Level {
+    fn as_str(self) -> &'static str {
+        match self {
+            Level::Info => "info",
+            Level::Warning => "warning",
+            Level::Detail => "detail",
+        }
+    }
+}
+
 pub struct Progress {
     out: Box<dyn Write>,
     format: Format,
@@ -38,11 +56,6 @@ impl Progress {
             format,
             verbose,
         }
-    }
-
-    /// Lines on standard error, details left out: what every command printed before `-o`.
-    pub fn stderr() -> Progress {
-        Progress::new(Box::new(std::io::stderr()), Format::Text, false)
     }
 
     /// Text, details included, into a buffer the caller reads back (`Said::text`): for a
@@ -64,17 +77,18 @@ impl Progress {
 
     /// What a step does or found.
     pub fn say(&mut self, text: impl std::fmt::Display) {
-        self.line("info", &text.to_string());
+        self.line(Level::Info, &text.to_string());
     }
 
     /// Something went wrong, and the command goes on.
     pub fn warn(&mut self, text: impl std::fmt::Display) {
-        self.line("warning", &text.to_string());
+        self.line(Level::Warning, &text.to_string());
     }
 
-    /// What only `-v` shows: each Lease, binding and standby, one by one.
+    /// What only `-v` shows: the pin's policy bindings and their proof, each former leader's
+    /// Pod deleted, a wait's countdown.
     pub fn detail(&mut self, text: impl std::fmt::Display) {
-        self.line("detail", &text.to_string());
+        self.line(Level::Detail, &text.to_string());
     }
 
     /// `handoff move`'s driver performs `step` (its name as `Step` spells it).
@@ -86,14 +100,16 @@ impl Progress {
         }
     }
 
-    fn line(&mut self, level: &str, text: &str) {
+    fn line(&mut self, level: Level, text: &str) {
         match self.format {
-            Format::Json => self.json(json!({"event": "say", "level": level, "text": text})),
+            Format::Json => {
+                self.json(json!({"event": "say", "level": level.as_str(), "text": text}))
+            }
             Format::Text => {
                 let _ = match level {
-                    "warning" => writeln!(self.out, "warning: {text}"),
-                    "detail" if !self.verbose => Ok(()),
-                    _ => writeln!(self.out, "{text}"),
+                    Level::Warning => writeln!(self.out, "warning: {text}"),
+                    Level::Detail if !self.verbose => Ok(()),
+                    Level::Info | Level::Detail => writeln!(self.out, "{text}"),
                 };
             }
         }

@@ -89,24 +89,13 @@ mod tests {
                     req.headers()[USER_AGENT].to_str().unwrap().to_string(),
                 )
             }));
-        let mut send = || {
-            let f = svc.call(Request::new(()));
-            futures_lite(f)
-        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut send = || runtime.block_on(svc.call(Request::new(()))).unwrap();
         let version = env!("CARGO_PKG_VERSION");
         assert_eq!(send(), format!("handoff/{version}"));
         label.set("StopTarget");
         assert_eq!(send(), format!("handoff/{version} (move step StopTarget)"));
-    }
-
-    /// The service's future, which is ready at once.
-    fn futures_lite<F: std::future::Future<Output = Result<String, std::convert::Infallible>>>(
-        f: F,
-    ) -> String {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(f)
-            .unwrap()
     }
 }

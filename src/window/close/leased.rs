@@ -175,11 +175,7 @@ async fn record_released(
     l: &str,
 ) -> Result<()> {
     record(c, &opts.name, |s| {
-        if let Some(e) = s
-            .pinned
-            .iter_mut()
-            .find(|e| e.namespace == ns && e.name == name)
-        {
+        if let Some(e) = pinned_mut(s, ns, name) {
             match e.leases.iter_mut().find(|h| h.name == l) {
                 Some(h) => {
                     h.released_at.get_or_insert_with(now);

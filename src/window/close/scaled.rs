@@ -11,7 +11,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::super::common::{
-    Cluster, Result, WindowError, api_err, dep_key, now, record, upsert_pinned,
+    Cluster, Result, WindowError, api_err, dep_key, now, pinned_mut, record, upsert_pinned,
 };
 use super::super::plan;
 use super::{CloseOptions, Restored};
@@ -161,11 +161,7 @@ async fn restore_scaled(
     else {
         out.say(format!("{}: {ns}/{name} no longer exists", c.label));
         record(c, &opts.name, |s| {
-            if let Some(p) = s
-                .pinned
-                .iter_mut()
-                .find(|p| p.namespace == ns && p.name == name)
-            {
+            if let Some(p) = pinned_mut(s, ns, name) {
                 p.restored_at = Some(now());
                 p.note = Some("Deployment no longer exists".into());
             }
@@ -193,10 +189,7 @@ async fn restore_scaled(
     record_restoring(c, opts, ns, name, count, &note).await?;
     restore_deployment(c, ns, name, count, opts).await?;
     record(c, &opts.name, |s| {
-        if let Some(p) = s
-            .pinned
-            .iter_mut()
-            .find(|p| p.namespace == ns && p.name == name)
+        if let Some(p) = pinned_mut(s, ns, name)
             && p.strategy() == Strategy::Scale
         {
             p.restored_at = Some(now());
@@ -236,12 +229,7 @@ async fn record_restoring(
     note: &Option<String>,
 ) -> Result<()> {
     record(c, &opts.name, |s| {
-        let base = s
-            .pinned
-            .iter()
-            .find(|p| p.namespace == ns && p.name == name)
-            .cloned()
-            .unwrap_or_default();
+        let base = pinned_mut(s, ns, name).cloned().unwrap_or_default();
         upsert_pinned(
             s,
             PinnedDeployment {

@@ -129,7 +129,6 @@ fn a_new_move_stops_the_target_holds_clusterctl_and_restores_the_target_first() 
 #[test]
 fn every_way_out_after_the_block_move_lifts_it_then_records_the_failure() {
     let exited = Outcome::Exited {
-        code: 1,
         exit: 1,
         what: "clusterctl move exited 1".into(),
     };

@@ -43,6 +43,13 @@ pub async fn lift_block_move(
     Ok(lifted)
 }
 
+/// clusterctl move with the user's flags; where handoff's standard output is its JSON
+/// events, clusterctl's goes to standard error.
+fn spawn(opts: &MoveOptions, source: &Cluster, out: &Progress) -> Result<Child> {
+    let json = out.format() == Format::Json;
+    Child::spawn(&opts.clusterctl, &opts.flags, source, json)
+}
+
 pub fn render_args(f: &ClusterctlFlags) -> String {
     move_plan::clusterctl_args(f)
         .iter()
@@ -125,12 +132,7 @@ pub async fn run_clusterctl(
         SourceStop::Already => (None, None),
         SourceStop::AfterPause { opts, target } => (Some(opts), Some(target)),
     };
-    let mut child = Child::spawn(
-        &opts.clusterctl,
-        &opts.flags,
-        source,
-        out.format() == Format::Json,
-    )?;
+    let mut child = spawn(opts, source, out)?;
     let mut interrupted = false;
     let mut source_stopped = source_opts.is_none().then(Instant::now);
     let mut last_wait = None;
@@ -297,12 +299,7 @@ pub async fn dry_run(
         opts.clusterctl.display(),
         render_args(&opts.flags)
     ));
-    let mut child = Child::spawn(
-        &opts.clusterctl,
-        &opts.flags,
-        source,
-        out.format() == Format::Json,
-    )?;
+    let mut child = spawn(opts, source, out)?;
     let status = child.wait().await.map_err(|e| WindowError::Refused {
         cluster: source.label.clone(),
         message: format!("waiting for clusterctl: {e}"),

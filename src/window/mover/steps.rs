@@ -34,10 +34,9 @@ impl Mover<'_> {
             Step::Check => self.check().await,
             Step::PutSourceBack => self.put_source_back(self.recorded(r)?).await,
             Step::KeepSourceStopped => self.keep_source_stopped(self.recorded(r)?).await,
-            Step::StopTarget { block_move } => {
+            Step::StopTarget { .. } => {
                 let fresh = run.began == Some(Start::Fresh);
-                self.stop_target(seen, block_move.is_empty() && stopped_already, fresh)
-                    .await
+                self.stop_target(seen, stopped_already, fresh).await
             }
             Step::ProveTarget => self.prove_target().await,
             Step::Hold => self.hold(&run.block_move, stopped_already).await,
@@ -152,14 +151,23 @@ impl Mover<'_> {
         // Said once: the opens after this check again, quietly.
         self.target_opts.quiet_preflight = true;
         self.source_opts.quiet_preflight = true;
-        let signals = Signals::catch().map_err(|e| {
-            self.refused(
-                MoveRole::Source,
-                format!("cannot catch SIGINT and SIGTERM: {e}"),
-            )
-        })?;
-        self.signals = Some(signals);
+        self.signals()?;
         Ok(())
+    }
+
+    /// SIGINT and SIGTERM, caught from the checks on (a signal is then passed to clusterctl,
+    /// or stops the move before clusterctl starts) until `lift` gives them back.
+    fn signals(&mut self) -> Result<&mut Signals> {
+        if self.signals.is_none() {
+            let caught = Signals::catch().map_err(|e| {
+                self.refused(
+                    MoveRole::Source,
+                    format!("cannot catch SIGINT and SIGTERM: {e}"),
+                )
+            })?;
+            self.signals = Some(caught);
+        }
+        Ok(self.signals.as_mut().expect("caught above"))
     }
 
     /// A resumed move that deleted nothing: the source runs again (providers lift their
@@ -346,6 +354,7 @@ impl Mover<'_> {
                 render_args(&opts.flags)
             ),
         );
+        self.signals()?;
         let stop = match stopped_already {
             true => SourceStop::Already,
             false => SourceStop::AfterPause {
@@ -353,14 +362,7 @@ impl Mover<'_> {
                 target: std::mem::take(&mut self.target_taken),
             },
         };
-        if self.signals.is_none() {
-            let caught = Signals::catch();
-            self.signals = Some(caught.map_err(|e| WindowError::Refused {
-                cluster: self.source.label.clone(),
-                message: format!("cannot catch SIGINT and SIGTERM: {e}"),
-            })?);
-        }
-        let signals = self.signals.as_mut().expect("caught above");
+        let signals = self.signals.as_mut().expect("caught by signals()");
         let ran = run_clusterctl(self.source, self.target, stop, opts, signals, self.out).await?;
         p.done(
             self.out,
@@ -377,7 +379,6 @@ impl Mover<'_> {
             false => "",
         };
         Ok(Outcome::Exited {
-            code: ran.status.exit_code(),
             exit: ran.status.code.unwrap_or(-1),
             what: format!(
                 "clusterctl move exited {}{interrupted}",
@@ -416,15 +417,16 @@ impl Mover<'_> {
         let help =
             |what: &str| move_plan::failure_help(&opts.flags, window, &opts.clusterctl, what);
         match outcome {
-            Some(Outcome::Exited { code, exit, what }) => {
+            Some(Outcome::Exited { exit, what }) => {
                 note(self.target, window, |m| {
                     m.phase = MovePhase::Failed;
                     m.clusterctl_exit = Some(*exit);
                     m.error = Some(what.clone());
                 })
                 .await?;
+                // handoff exits with clusterctl's code, or 1 where it had none.
                 Err(WindowError::Clusterctl {
-                    code: *code,
+                    code: (*exit).max(1),
                     help: help(what),
                 })
             }
