@@ -771,6 +771,13 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
         ) && said("info", "MoveWindow eq is open"),
         "{events:#?}"
     );
+    // The driver's steps, as `window_next::next_open` orders them for one cluster.
+    let steps: Vec<&str> = events
+        .iter()
+        .filter(|e| e["event"] == "step" && e["of"] == "window open")
+        .filter_map(|e| e["step"].as_str())
+        .collect();
+    assert_eq!(steps, ["Check", "Record", "Stop", "Prove", "Done"]);
     assert_eq!(
         text(&out.stderr),
         "",
@@ -804,6 +811,22 @@ fn through_policies(rows: &[GuardRow]) -> Outcome {
         text(&out.stderr).contains("removed the pin's MutatingAdmissionPolicyBindings"),
         "{}",
         text(&out.stderr)
+    );
+    // -v names each step, as `window_next::next_close` orders them.
+    let stderr = text(&out.stderr);
+    let steps: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("window close step: "))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "MarkClosed",
+            "RestoreScaled",
+            "ReleaseLeases",
+            "RecordClosed",
+            "Done"
+        ]
     );
     assert_eq!(deployment(&api, "pin-capi", "pre"), (2, None));
     assert_eq!(deployment(&api, "pin-capi", "no-count"), (1, None));

@@ -385,7 +385,7 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
         .collect();
     let steps: Vec<&str> = events
         .iter()
-        .filter(|e| e["event"] == "step")
+        .filter(|e| e["event"] == "step" && e["of"] == "move")
         .filter_map(|e| e["step"].as_str())
         .collect();
     let log = events

@@ -19,6 +19,7 @@ pub mod progress;
 mod standby;
 mod status;
 pub mod user_agent;
+pub mod window_next;
 
 pub use close::{CLOSE_POLL, CLOSE_SETTLE, CloseOptions, Restored, close};
 pub use common::{Cluster, Finding, WindowError};

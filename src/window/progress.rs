@@ -91,12 +91,15 @@ impl Progress {
         self.line(Level::Detail, &text.to_string());
     }
 
-    /// `handoff move`'s driver performs `step` (its name as `Step` spells it).
-    pub fn step(&mut self, step: &str) {
+    /// A driver performs `step` (its name as its planner spells it) of `of`: `move`,
+    /// `window open` or `window close` (a move runs the window drivers inside its steps).
+    pub fn step(&mut self, of: &str, step: &str) {
         if self.format == Format::Json {
-            self.json(json!({"event": "step", "step": step, "at": Timestamp::now().to_string()}));
+            self.json(
+                json!({"event": "step", "of": of, "step": step, "at": Timestamp::now().to_string()}),
+            );
         } else if self.verbose {
-            let _ = writeln!(self.out, "step: {step}");
+            let _ = writeln!(self.out, "{of} step: {step}");
         }
     }
 
@@ -151,7 +154,7 @@ mod tests {
     fn run(format: Format, verbose: bool) -> String {
         let out = Said::default();
         let mut p = Progress::new(Box::new(out.clone()), format, verbose);
-        p.step("StopTarget");
+        p.step("move", "StopTarget");
         p.say("handoff move: stopping the target's controllers");
         p.detail("target: took Lease capi-system/x");
         p.warn("a read failed; trying again");
@@ -166,7 +169,7 @@ mod tests {
         );
         assert_eq!(
             run(Format::Text, true),
-            "step: StopTarget\nhandoff move: stopping the target's controllers\ntarget: took Lease capi-system/x\nwarning: a read failed; trying again\n"
+            "move step: StopTarget\nhandoff move: stopping the target's controllers\ntarget: took Lease capi-system/x\nwarning: a read failed; trying again\n"
         );
     }
 

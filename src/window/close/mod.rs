@@ -14,6 +14,7 @@ use super::common::{
     Cluster, Result, WindowError, api_err, labels, read_window, record, set_state,
 };
 use super::lease;
+use super::window_next::{CloseRun, CloseStep, Seen, next_close};
 use crate::resources::move_window::{MoveWindow, MoveWindowStatus, Strategy, WindowState};
 use crate::resources::phase::WindowPhase;
 
@@ -49,26 +50,120 @@ pub struct Restored {
     pub note: Option<String>,
 }
 
-/// `None` when the cluster has no such window.
-async fn close_one(
-    c: &Cluster,
+/// One run of `close`: each cluster's window as read before the first step, and the status
+/// as its `MarkClosed` recorded it.
+struct Closer<'a> {
+    clusters: &'a [Cluster],
+    opts: &'a CloseOptions,
+    windows: Vec<Option<MoveWindow>>,
+    status: Vec<Option<MoveWindowStatus>>,
+    restored: Vec<Restored>,
+}
+
+/// Close a window on every cluster in the order given (the caller puts the target first):
+/// read, ask `window_next::next_close`, perform the one step, and again.
+pub async fn close(
+    clusters: &[Cluster],
     opts: &CloseOptions,
     out: &mut Progress,
-) -> Result<Option<Vec<Restored>>> {
-    let Some(w) = read_window(c, &opts.name).await? else {
-        return close_deleted(c, opts, out).await;
+) -> Result<Vec<Restored>> {
+    let mut k = Closer {
+        clusters,
+        opts,
+        windows: Vec::new(),
+        status: vec![None; clusters.len()],
+        restored: Vec::new(),
     };
-    let status = mark_closed(c, opts, &w, out).await?;
-    let mut restored = scaled::restore_all(c, opts, &w, &status, out).await?;
-    // Then the Leases, once every Scale-stopped controller runs again.
-    restored.extend(leased::release_leases(c, opts, &status, out).await?);
-    record(c, &opts.name, |s| {
-        s.phase = Some(WindowPhase::Closed);
-        s.closed_at.get_or_insert_with(now);
-        s.last_step = Some("restored".into());
-    })
-    .await?;
-    Ok(Some(restored))
+    for c in clusters {
+        k.windows.push(read_window(c, &opts.name).await?);
+    }
+    let seen: Vec<Seen> = k.windows.iter().map(|w| Seen::of(w.as_ref())).collect();
+    let mut run = CloseRun::default();
+    loop {
+        let step = next_close(&opts.name, &seen, &run);
+        out.step("window close", step.name());
+        match &step {
+            CloseStep::Refuse { cluster, message } => {
+                return Err(WindowError::Refused {
+                    cluster: match cluster {
+                        Some(i) => clusters[*i].label.clone(),
+                        None => labels(clusters),
+                    },
+                    message: message.clone(),
+                });
+            }
+            CloseStep::MarkClosed {
+                cluster,
+                closed_before,
+            } => k.mark_closed(*cluster, *closed_before, out).await?,
+            CloseStep::RestoreScaled(i) => k.restore_scaled(*i, out).await?,
+            CloseStep::ReleaseLeases(i) => k.release_leases(*i, out).await?,
+            CloseStep::RecordClosed(i) => k.record_closed(*i).await?,
+            CloseStep::ReleaseOrphans(i) => match close_deleted(&clusters[*i], opts, out).await? {
+                Some(restored) => k.restored.extend(restored),
+                None => run.nothing_here.push(*i),
+            },
+            CloseStep::Done => return Ok(k.restored),
+        }
+        run.performed.push(step);
+    }
+}
+
+impl Closer<'_> {
+    fn window(&self, i: usize) -> &MoveWindow {
+        self.windows[i]
+            .as_ref()
+            .expect("the planner closes only a window it was told was there")
+    }
+
+    fn status(&self, i: usize) -> &MoveWindowStatus {
+        self.status[i]
+            .as_ref()
+            .expect("the planner marks a window closed before it restores")
+    }
+
+    async fn mark_closed(
+        &mut self,
+        i: usize,
+        closed_before: bool,
+        out: &mut Progress,
+    ) -> Result<()> {
+        let status = mark_closed(
+            &self.clusters[i],
+            self.opts,
+            self.window(i),
+            closed_before,
+            out,
+        )
+        .await?;
+        self.status[i] = Some(status);
+        Ok(())
+    }
+
+    async fn restore_scaled(&mut self, i: usize, out: &mut Progress) -> Result<()> {
+        let c = &self.clusters[i];
+        let restored =
+            scaled::restore_all(c, self.opts, self.window(i), self.status(i), out).await?;
+        self.restored.extend(restored);
+        Ok(())
+    }
+
+    async fn release_leases(&mut self, i: usize, out: &mut Progress) -> Result<()> {
+        let c = &self.clusters[i];
+        let restored = leased::release_leases(c, self.opts, self.status(i), out).await?;
+        self.restored.extend(restored);
+        Ok(())
+    }
+
+    async fn record_closed(&self, i: usize) -> Result<()> {
+        record(&self.clusters[i], &self.opts.name, |s| {
+            s.phase = Some(WindowPhase::Closed);
+            s.closed_at.get_or_insert_with(now);
+            s.last_step = Some("restored".into());
+        })
+        .await
+        .map(|_| ())
+    }
 }
 
 /// Closed first: from here on the webhook lets restores through; then unbound: the restores
@@ -77,6 +172,7 @@ async fn mark_closed(
     c: &Cluster,
     opts: &CloseOptions,
     w: &MoveWindow,
+    closed_before: bool,
     out: &mut Progress,
 ) -> Result<MoveWindowStatus> {
     if w.spec.state != WindowState::Closed {
@@ -98,7 +194,7 @@ async fn mark_closed(
         ));
     }
     let status = record(c, &opts.name, |s| {
-        if s.phase != Some(WindowPhase::Closed) {
+        if !closed_before {
             s.phase = Some(WindowPhase::Closing);
         }
         s.last_step = Some("window-closed".into());
@@ -161,29 +257,4 @@ fn who(holder: &str) -> &str {
         "" => "nobody (written free by someone else)",
         h => h,
     }
-}
-
-/// Close a window on every cluster in the order given (the caller puts the target first).
-pub async fn close(
-    clusters: &[Cluster],
-    opts: &CloseOptions,
-    out: &mut Progress,
-) -> Result<Vec<Restored>> {
-    // A cluster without the window (an `open` that died before creating it there) does not
-    // stop the others from closing; a name that exists nowhere is an error.
-    let mut all = Vec::new();
-    let mut found = false;
-    for c in clusters {
-        if let Some(restored) = close_one(c, opts, out).await? {
-            found = true;
-            all.extend(restored);
-        }
-    }
-    if !found {
-        return Err(WindowError::Refused {
-            cluster: labels(clusters),
-            message: format!("there is no MoveWindow {}: nothing to close", opts.name),
-        });
-    }
-    Ok(all)
 }

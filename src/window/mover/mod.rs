@@ -228,7 +228,7 @@ pub async fn run(
         m.ns = move_next::namespace(&asked, recorded.as_ref());
         let seen = m.observe(&asked, recorded.as_ref(), &run).await?;
         let step = move_next::next(&asked, recorded.as_ref(), &seen, &run);
-        m.out.step(step.name());
+        m.out.step("move", step.name());
         opts.step_label.set(step.name());
         match m.perform(&step, recorded.as_ref(), &seen, &run).await {
             Ok(Some(outcome)) => run.clusterctl = Some(outcome),

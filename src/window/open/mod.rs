@@ -5,6 +5,7 @@
 mod by_lease;
 mod by_scale;
 mod choose;
+mod driver;
 
 use crate::window::progress::Progress;
 use std::time::Duration;
@@ -33,6 +34,7 @@ use by_scale::{pin_deployment, wait_pods_gone, wait_policy_in_force};
 pub use choose::Choice;
 pub use choose::plan_open;
 use choose::{Stop, choose, leased};
+pub use driver::{open, take};
 use k8s_openapi::jiff::Timestamp;
 
 /// How often `open` reads what it waits for (pods gone, a Lease's holder).
@@ -63,13 +65,15 @@ pub struct OpenOptions {
 async fn ensure_open(
     c: &Cluster,
     opts: &OpenOptions,
+    window: Option<MoveWindow>,
+    fresh: bool,
     leased: &[PinnedDeployment],
     out: &mut Progress,
 ) -> Result<(bool, MoveWindowStatus)> {
     // `checked` refused an existing window whose selector or stop policy the flags contradict.
     // A window is created (or re-opened) Closed, its Lease-stopped Deployments recorded, and
     // only then set Open: a pin that sees it open always sees which ones not to scale.
-    let (spec, was_open) = window_at_least_closed(c, opts).await?;
+    let (spec, was_open) = window_at_least_closed(c, opts, window).await?;
     if was_open {
         out.say(format!(
             "{}: MoveWindow {} is already open",
@@ -78,12 +82,12 @@ async fn ensure_open(
     }
     // Recorded before the pin's policies are bound: their condition reads the strategies.
     let status = record(c, &opts.name, |s| {
+        // A new opening: what an earlier window recorded about its pods no longer holds.
+        if fresh {
+            s.pods_gone_at = None;
+            s.opened_at = None;
+        }
         if s.phase != Some(WindowPhase::Open) {
-            // A new opening: what an earlier window recorded about its pods no longer holds.
-            if s.phase != Some(WindowPhase::Opening) {
-                s.pods_gone_at = None;
-                s.opened_at = None;
-            }
             s.phase = Some(WindowPhase::Opening);
         }
         s.opened_at.get_or_insert_with(now);
@@ -125,9 +129,14 @@ async fn ensure_open(
     Ok((bound, status))
 }
 
-/// The window's spec, created Closed where there is none yet; and whether it is open.
-async fn window_at_least_closed(c: &Cluster, opts: &OpenOptions) -> Result<(MoveWindowSpec, bool)> {
-    Ok(match read_window(c, &opts.name).await? {
+/// The window's spec (as `read`), created Closed where there is none yet; and whether it is
+/// open.
+async fn window_at_least_closed(
+    c: &Cluster,
+    opts: &OpenOptions,
+    read: Option<MoveWindow>,
+) -> Result<(MoveWindowSpec, bool)> {
+    Ok(match read {
         None => {
             let spec = MoveWindowSpec {
                 state: WindowState::Closed,
@@ -173,7 +182,7 @@ pub async fn ready_standbys(c: &Cluster, opts: &OpenOptions, out: &mut Progress)
     {
         return Ok(());
     }
-    window_at_least_closed(c, opts).await?;
+    window_at_least_closed(c, opts, read_window(c, &opts.name).await?).await?;
     let records: Vec<PinnedDeployment> = choices.iter().filter_map(leased_record).collect();
     let status = record(c, &opts.name, |s| {
         for p in &records {
@@ -317,107 +326,6 @@ pub fn first_taken(taken: &[Taken]) -> String {
         .min()
         .map(|t| t.to_string())
         .unwrap_or_else(now)
-}
-
-/// Open a window on every cluster: choose and preflight all, then create the windows, stop
-/// every selected Deployment (Lease or Scale, source first), and wait until each is proven
-/// stopped: the former leaders' `leaseDurationSeconds` after the take-over for a Lease, the
-/// pods gone for a Scale.
-pub async fn open(clusters: &[Cluster], opts: &OpenOptions, out: &mut Progress) -> Result<()> {
-    let taken = take(clusters, opts, out).await?;
-    prove(&taken, out).await
-}
-
-/// The first half of `open`: everything but the waits. Each selected Deployment is pinned to
-/// 0 or has its Leases taken (after a standby of a single-replica one is Ready); `prove` waits
-/// until they are proven stopped. `handoff move` runs other steps in between.
-pub async fn take(
-    clusters: &[Cluster],
-    opts: &OpenOptions,
-    out: &mut Progress,
-) -> Result<Vec<Taken>> {
-    let started = tokio::time::Instant::now();
-    let chosen = checked(clusters, opts, out).await?;
-    let operators = operators(clusters, &chosen, opts).await?;
-    // Every window exists and is open before any Deployment is stopped anywhere, so a cluster
-    // that fails here leaves no controller stopped without a window to close.
-    let mut opened = Vec::new();
-    for ((c, ((_, _, choices), _)), operator) in clusters.iter().zip(&chosen).zip(&operators) {
-        let leased: Vec<PinnedDeployment> = choices.iter().filter_map(leased_record).collect();
-        let (bound, status) = ensure_open(c, opts, &leased, out).await?;
-        if let Some(op) = operator {
-            record(c, &opts.name, |s| {
-                s.operator = Some(op.clone());
-            })
-            .await?;
-        }
-        opened.push((bound, status));
-    }
-    let mut taken = Vec::new();
-    for (((c, ((_, _, choices), services)), operator), (bound, status)) in
-        clusters.iter().zip(&chosen).zip(&operators).zip(&opened)
-    {
-        let mut t = Taken {
-            cluster: c.clone(),
-            opts: opts.clone(),
-            leased: Vec::new(),
-            scaled: Vec::new(),
-            services: services.clone(),
-            started,
-        };
-        if choices.is_empty() {
-            out.say(format!("{}: no Deployment is selected", c.label));
-        }
-        t.scaled = pin_scaled(c, opts, choices, *bound, out).await?;
-        let leased: Vec<&Choice> = choices
-            .iter()
-            .filter(|ch| matches!(ch.plan, Stop::Lease(_)))
-            .collect();
-        if opts.standby {
-            add_standbys(c, opts, &leased, status, true, out).await?;
-        }
-        for ch in leased {
-            let op = operator.as_deref().expect("asked where a Lease is taken");
-            let h = take_leases(c, opts, ch, op, out).await?;
-            let at = proven_at(&h);
-            t.leased.push((ch.clone(), h, at));
-        }
-        taken.push(t);
-    }
-    Ok(taken)
-}
-
-/// Who holds the Leases, asked once and only where a Lease will be taken; refused where a
-/// Lease to take is another window's.
-async fn operators(
-    clusters: &[Cluster],
-    chosen: &[(Chosen, Vec<String>)],
-    opts: &OpenOptions,
-) -> Result<Vec<Option<String>>> {
-    let mut operators = Vec::new();
-    for (c, ((_, _, choices), _)) in clusters.iter().zip(chosen) {
-        if !choices.iter().any(|ch| matches!(ch.plan, Stop::Lease(_))) {
-            operators.push(None);
-            continue;
-        }
-        let me = lease::whoami(c).await?;
-        for ch in choices {
-            let Stop::Lease(leases) = &ch.plan else {
-                continue;
-            };
-            if let Some(message) = leases
-                .iter()
-                .find_map(|l| plan::held_for_another(l, &opts.name, &me))
-            {
-                return Err(WindowError::Refused {
-                    cluster: c.label.clone(),
-                    message: format!("{}: {message}", ch.what()),
-                });
-            }
-        }
-        operators.push(Some(me));
-    }
-    Ok(operators)
 }
 
 /// Pin each Scale-stopped Deployment to 0, recorded with the count it had; where the pin's

@@ -1,0 +1,192 @@
+//! `handoff window open` and `close`, one next step at a time, pure, in the shape of
+//! `move_next`: from each cluster's window as read when the run began and what this run has
+//! done, the single thing to do next. The drivers (`open`, `close`) perform it and come back.
+//! `handoff move` runs the same drivers inside its own steps (`Hold` takes the source, `Restore`
+//! closes a cluster), so a window opened by a move and one opened by hand go through the same
+//! steps.
+
+use crate::resources::move_window::MoveWindow;
+use crate::resources::phase::{UnknownPhase, WindowPhase};
+
+/// One cluster's window as read before the run's first step (the run's own writes are in
+/// what it performed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// No window of that name.
+    Absent,
+    /// The window and its recorded phase (none: created by hand, or by a version before
+    /// phases were recorded).
+    At(Option<WindowPhase>),
+}
+
+impl Seen {
+    /// As read: the window, or none.
+    pub fn of(window: Option<&MoveWindow>) -> Seen {
+        match window {
+            None => Seen::Absent,
+            Some(w) => Seen::At(w.status.as_ref().and_then(|s| s.phase.clone())),
+        }
+    }
+}
+
+/// One step of `window open`; `usize` is the cluster's place in the order given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenStep {
+    /// Stop, writing nothing: the cluster and why.
+    Refuse { cluster: usize, message: String },
+    /// Choose how each selected Deployment is stopped, the preflight, and who takes the
+    /// Leases, on every cluster; nothing written.
+    Check,
+    /// The window created or re-opened and set Open, what is Lease-stopped recorded, the pin's
+    /// policies bound. `fresh`: a new opening, so what an earlier one recorded of its pods no
+    /// longer holds.
+    Record { cluster: usize, fresh: bool },
+    /// Pin the Scale-stopped Deployments, add the standbys, take the Leases.
+    Stop(usize),
+    /// Every cluster at once: wait until the former leaders cannot lead, check the Leases are
+    /// still the window's and the webhooks serve, the pinned pods gone; record the window Open.
+    Prove,
+    /// Nothing left to do.
+    Done,
+}
+
+/// One step of `window close`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseStep {
+    /// Stop, writing nothing: the cluster (none: all of them) and why.
+    Refuse {
+        cluster: Option<usize>,
+        message: String,
+    },
+    /// The window set Closed and unbound; `closed_before`: its phase stays Closed.
+    MarkClosed { cluster: usize, closed_before: bool },
+    /// Every Scale-stopped Deployment back to its count.
+    RestoreScaled(usize),
+    /// Every held Lease released, each controller leading again.
+    ReleaseLeases(usize),
+    /// The window recorded Closed.
+    RecordClosed(usize),
+    /// No window there: release any Lease still labelled as its (a window deleted unclosed).
+    ReleaseOrphans(usize),
+    /// Nothing left to do.
+    Done,
+}
+
+impl OpenStep {
+    /// Its name, as progress events give it (`-o json`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpenStep::Refuse { .. } => "Refuse",
+            OpenStep::Check => "Check",
+            OpenStep::Record { .. } => "Record",
+            OpenStep::Stop(_) => "Stop",
+            OpenStep::Prove => "Prove",
+            OpenStep::Done => "Done",
+        }
+    }
+}
+
+impl CloseStep {
+    /// Its name, as progress events give it (`-o json`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            CloseStep::Refuse { .. } => "Refuse",
+            CloseStep::MarkClosed { .. } => "MarkClosed",
+            CloseStep::RestoreScaled(_) => "RestoreScaled",
+            CloseStep::ReleaseLeases(_) => "ReleaseLeases",
+            CloseStep::RecordClosed(_) => "RecordClosed",
+            CloseStep::ReleaseOrphans(_) => "ReleaseOrphans",
+            CloseStep::Done => "Done",
+        }
+    }
+}
+
+/// What a `close` has done.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CloseRun {
+    pub performed: Vec<CloseStep>,
+    /// The clusters where `ReleaseOrphans` found no Lease of the window either.
+    pub nothing_here: Vec<usize>,
+}
+
+/// A phase written by a version this one does not know: acting on it could undo what that
+/// version relies on, so nothing is written. The cluster and why.
+fn unknown(window: &str, seen: &[Seen]) -> Option<(usize, String)> {
+    seen.iter().enumerate().find_map(|(i, s)| match s {
+        Seen::At(Some(p)) => p
+            .known(window)
+            .err()
+            .map(|e: UnknownPhase| (i, e.to_string())),
+        _ => None,
+    })
+}
+
+/// `window open`'s next step (`prove`: wait for the proof; `handoff move` takes first and
+/// proves once clusterctl has paused the source). Every window exists and is open before any
+/// Deployment is stopped anywhere, so a cluster that fails on the way leaves no controller
+/// stopped without a window to close; the proof waits for every cluster at once.
+pub fn next_open(prove: bool, window: &str, seen: &[Seen], performed: &[OpenStep]) -> OpenStep {
+    if let Some((cluster, message)) = unknown(window, seen) {
+        return OpenStep::Refuse { cluster, message };
+    }
+    let did = |step: &OpenStep| performed.contains(step);
+    if !did(&OpenStep::Check) {
+        return OpenStep::Check;
+    }
+    for (i, s) in seen.iter().enumerate() {
+        // Where it was opening or open, this is the same opening resumed.
+        let fresh = !matches!(s, Seen::At(Some(WindowPhase::Opening | WindowPhase::Open)));
+        let step = OpenStep::Record { cluster: i, fresh };
+        if !did(&step) {
+            return step;
+        }
+    }
+    if let Some(i) = (0..seen.len()).find(|i| !did(&OpenStep::Stop(*i))) {
+        return OpenStep::Stop(i);
+    }
+    if prove && !did(&OpenStep::Prove) {
+        return OpenStep::Prove;
+    }
+    OpenStep::Done
+}
+
+/// `window close`'s next step. Each cluster is closed in the order given, all of it before
+/// the next (a move's restore puts the target first): its Scale-stopped controllers back
+/// before its Leases are released, since a leader may need the others' webhooks.
+pub fn next_close(window: &str, seen: &[Seen], run: &CloseRun) -> CloseStep {
+    if let Some((cluster, message)) = unknown(window, seen) {
+        return CloseStep::Refuse {
+            cluster: Some(cluster),
+            message,
+        };
+    }
+    for (i, s) in seen.iter().enumerate() {
+        let steps = match s {
+            Seen::Absent => vec![CloseStep::ReleaseOrphans(i)],
+            Seen::At(phase) => vec![
+                CloseStep::MarkClosed {
+                    cluster: i,
+                    closed_before: *phase == Some(WindowPhase::Closed),
+                },
+                CloseStep::RestoreScaled(i),
+                CloseStep::ReleaseLeases(i),
+                CloseStep::RecordClosed(i),
+            ],
+        };
+        if let Some(step) = steps.into_iter().find(|s| !run.performed.contains(s)) {
+            return step;
+        }
+    }
+    // A cluster without the window (an `open` that died before creating it there) does not
+    // stop the others from closing; a name that exists nowhere is an error.
+    if !seen.is_empty() && run.nothing_here.len() == seen.len() {
+        return CloseStep::Refuse {
+            cluster: None,
+            message: format!("there is no MoveWindow {window}: nothing to close"),
+        };
+    }
+    CloseStep::Done
+}
+
+#[cfg(test)]
+mod tests;
