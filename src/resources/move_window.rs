@@ -236,6 +236,52 @@ pub struct HeldLease {
     /// The pod that leads with it again after the release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leads_again: Option<String>,
+    /// The former holder's Pod, as the kubelet reported it right after the take-over: what its
+    /// end is proven by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub former_pod: Option<FormerPod>,
+    /// How the former holder was proven stopped, once `open` has proven it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<StopProof>,
+}
+
+/// The Pod a Lease's former holder ran in.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FormerPod {
+    /// The Pod's name (the holder identity's `<pod>`).
+    pub name: String,
+    /// Its `metadata.uid`: a later Pod of the same name proves nothing about this one.
+    pub uid: String,
+    /// The container instances the kubelet reported running (`containerID`): the leader ran
+    /// in one of them, or in one that ended before.
+    #[serde(rename = "containerIDs")]
+    pub container_ids: Vec<String>,
+}
+
+/// How a former holder was proven stopped.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StopProof {
+    /// `Exited`: the kubelet reported its end; `LeaseBound`: its lease duration passed;
+    /// `NobodyLed`.
+    pub by: ProofKind,
+    /// When (RFC 3339).
+    pub at: String,
+    /// `LeaseBound`: why nothing sooner held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What proved a former holder stopped.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ProofKind {
+    /// The kubelet reported every container instance it could have led in ended.
+    Exited,
+    /// Its `leaseDurationSeconds` passed since the take-over.
+    LeaseBound,
+    /// Nobody held the Lease.
+    NobodyLed,
 }
 
 impl MoveWindowSpec {

@@ -266,23 +266,6 @@ pub async fn held_by(
         .unwrap_or_default())
 }
 
-/// Wait until `until`, saying every 10 s what is left (the caller said how long first).
-pub async fn sleep_until(until: Timestamp, what: &str, out: &mut Progress) {
-    let mut said = Some(until.duration_since(Timestamp::now()).as_secs() + 1);
-    loop {
-        let left = until.duration_since(Timestamp::now());
-        if left.is_negative() || left.is_zero() {
-            return;
-        }
-        let secs = left.as_secs() + 1;
-        if said.is_none_or(|s: i64| s - secs >= 10) {
-            out.detail(format!("waiting {secs}s more until {what}"));
-            said = Some(secs);
-        }
-        tokio::time::sleep(Duration::from_millis(500).min(left.unsigned_abs())).await;
-    }
-}
-
 /// Rounded up: a proof of stop computed from it errs late, never early.
 fn ceil_second(t: Timestamp) -> Timestamp {
     let whole = Timestamp::from_second(t.as_second()).unwrap_or(t);

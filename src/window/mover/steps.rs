@@ -282,10 +282,10 @@ impl Mover<'_> {
             };
         })
         .await?;
-        let proven_at = taken.iter().map(Taken::proven_at).max();
+        let proven_at = taken.iter().map(Taken::bound).max();
         let done = match (proven_next, proven_at) {
             (true, _) => "the target's controllers are held; proven next, before clusterctl starts".to_string(),
-            (false, Some(at)) => format!("the target's controllers are held; proven stopped at {at}, while clusterctl starts and waits"),
+            (false, Some(at)) => format!("the target's controllers are held; proven stopped by {at} at the latest, while clusterctl starts and waits"),
             (false, None) => "the target's controllers are held; proven stopped once taken, while clusterctl starts and waits".to_string(),
         };
         p.done(self.out, &done);

@@ -5,13 +5,18 @@ use crate::window::progress::Progress;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::super::common::{Cluster, Result, now, record};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+
+use super::super::common::{Cluster, Result, api_err, now, record};
 use super::super::lease;
 use super::super::plan;
+use super::super::pod_watch::PodWatch;
+use super::super::proof::{self, Takeover};
 use super::super::standby;
 use super::OpenOptions;
 use super::choose::{Choice, Stop};
-use crate::resources::move_window::{HeldLease, PinnedDeployment, Strategy};
+use crate::resources::move_window::{FormerPod, HeldLease, PinnedDeployment, Strategy};
 
 /// The record `open` writes for a Lease-stopped Deployment before it takes anything.
 pub fn leased_record(ch: &Choice) -> Option<PinnedDeployment> {
@@ -39,65 +44,43 @@ pub fn leased_record(ch: &Choice) -> Option<PinnedDeployment> {
     })
 }
 
-/// Take every Lease of one Deployment and record each as it is taken.
+/// A Lease held by the window, and the watch of its former holder's Pod.
+pub struct Held {
+    pub lease: HeldLease,
+    pub watch: Option<PodWatch>,
+}
+
+/// Take every Lease of one Deployment and record each as it is taken, with its former
+/// holder's Pod as the kubelet reports it then; watch that Pod from then on (its end proves
+/// the leader stopped); then delete it where another Pod is Ready.
 pub async fn take_leases(
     c: &Cluster,
     opts: &OpenOptions,
     ch: &Choice,
     operator: &str,
     out: &mut Progress,
-) -> Result<Vec<HeldLease>> {
+) -> Result<Vec<Held>> {
     let Stop::Lease(leases) = &ch.plan else {
         return Ok(vec![]);
     };
     let mut held = Vec::new();
     let mut taken_from = Vec::new();
     for l in leases {
-        let mut h = lease::take(c, &ch.namespace, &l.name, &opts.name, operator, out).await?;
-        if h.held_since.is_some() {
-            taken_from.push(h.former_holder.clone());
-        }
-        let status = record(c, &opts.name, |s| {
-            if let Some(p) = s
-                .pinned
-                .iter_mut()
-                .find(|p| p.namespace == ch.namespace && p.name == ch.name)
-                && let Some(e) = p.leases.iter_mut().find(|e| e.name == l.name)
-            {
-                match &h.held_since {
-                    // Taken now: the bound counts from this take-over, whatever an earlier
-                    // (released) hold recorded.
-                    Some(t) => {
-                        e.held_since = Some(t.clone());
-                        e.released_at = None;
-                        e.leads_again = None;
-                    }
-                    // Held already (a re-run): the first take-over's time stands; if it was
-                    // never recorded (a run that died between the write and the record),
-                    // from now on: late, never early.
-                    None => {
-                        if e.held_since.is_none() || e.released_at.is_some() {
-                            e.held_since = Some(now());
-                            e.released_at = None;
-                        }
-                    }
-                }
-                e.former_holder = h.former_holder.clone();
-                e.former_lease_duration_seconds = h.former_lease_duration_seconds;
-                p.stopped_since = None;
+        let h = lease::take(c, &ch.namespace, &l.name, &opts.name, operator, out).await?;
+        // Read right after the take-over: the instance that led runs in it now, or ran before.
+        let pod = match h.held_since {
+            Some(_) => {
+                taken_from.push(h.former_holder.clone());
+                former_pod(c, &ch.namespace, &h.former_holder, &ch.name).await?
             }
-            s.last_step = Some(format!("took Lease {}/{}", ch.namespace, l.name));
-        })
-        .await?;
-        if let Some(e) = status
-            .pinned
-            .iter()
-            .find(|p| p.namespace == ch.namespace && p.name == ch.name)
-            .and_then(|p| p.leases.iter().find(|e| e.name == l.name))
-        {
-            h = e.clone();
-        }
-        held.push(h);
+            None => None,
+        };
+        let lease = record_taken(c, opts, ch, &l.name, h, pod).await?;
+        let watch = match (&lease.former_pod, &lease.proof) {
+            (Some(p), None) => Some(PodWatch::start(c, &ch.namespace, &p.name).await),
+            _ => None,
+        };
+        held.push(Held { lease, watch });
     }
     // The former leader, while it has not yet noticed (its renew deadline): deleted, it
     // drains; left alone, it would exit mid-request.
@@ -115,21 +98,116 @@ pub async fn take_leases(
     Ok(held)
 }
 
-/// When every former leader of these Leases is proven stopped.
-pub fn proven_at(held: &[HeldLease]) -> Timestamp {
+/// The former holder's Pod, where it is one of the Deployment's with a running container.
+async fn former_pod(
+    c: &Cluster,
+    ns: &str,
+    holder: &str,
+    deployment: &str,
+) -> Result<Option<FormerPod>> {
+    let Some(name) =
+        plan::pod_of_identity(holder).filter(|p| plan::pod_of_deployment(p, deployment))
+    else {
+        return Ok(None);
+    };
+    let pod = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(api_err(c, format!("reading Pod {ns}/{name}")))?;
+    Ok(pod
+        .filter(|p| {
+            let owners: Vec<(String, String)> = p
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .map(|o| (o.kind.clone(), o.name.clone()))
+                .collect();
+            plan::owned_by_deployment(name, &owners, deployment)
+        })
+        .and_then(|p| proof::former_pod(&p)))
+}
+
+/// Record one Lease as held; returns it as recorded.
+async fn record_taken(
+    c: &Cluster,
+    opts: &OpenOptions,
+    ch: &Choice,
+    lease: &str,
+    h: HeldLease,
+    pod: Option<FormerPod>,
+) -> Result<HeldLease> {
+    let status = record(c, &opts.name, |s| {
+        if let Some(p) = s
+            .pinned
+            .iter_mut()
+            .find(|p| p.namespace == ch.namespace && p.name == ch.name)
+            && let Some(e) = p.leases.iter_mut().find(|e| e.name == lease)
+        {
+            match &h.held_since {
+                // Taken now: the bound counts from this take-over, whatever an earlier
+                // (released) hold recorded, and the proof is this take-over's.
+                Some(t) => {
+                    e.held_since = Some(t.clone());
+                    e.released_at = None;
+                    e.leads_again = None;
+                    e.former_pod = pod.clone();
+                    e.proof = None;
+                }
+                // Held already (a re-run): the first take-over's time stands; if it was
+                // never recorded (a run that died between the write and the record),
+                // from now on: late, never early; its Pod unknown, so the bound.
+                None => {
+                    if e.held_since.is_none() || e.released_at.is_some() {
+                        e.held_since = Some(now());
+                        e.released_at = None;
+                        e.former_pod = None;
+                        e.proof = None;
+                    }
+                }
+            }
+            e.former_holder = h.former_holder.clone();
+            e.former_lease_duration_seconds = h.former_lease_duration_seconds;
+            p.stopped_since = None;
+        }
+        s.last_step = Some(format!("took Lease {}/{lease}", ch.namespace));
+    })
+    .await?;
+    Ok(status
+        .pinned
+        .iter()
+        .find(|p| p.namespace == ch.namespace && p.name == ch.name)
+        .and_then(|p| p.leases.iter().find(|e| e.name == lease))
+        .cloned()
+        .unwrap_or(h))
+}
+
+/// What the take-over recorded of a held Lease, for `proof::proof`.
+pub fn takeover(h: &HeldLease) -> Takeover<'_> {
+    Takeover {
+        // A take-over whose time was never recorded (a run that died between the write and
+        // the record) counts from now: late, never early.
+        held_since: h
+            .held_since
+            .as_deref()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .unwrap_or_else(Timestamp::now),
+        lease_seconds: h.former_lease_duration_seconds,
+        former_holder: &h.former_holder,
+        pod: h.former_pod.as_ref(),
+    }
+}
+
+/// The latest moment these former leaders are proven stopped, whatever the kubelet reports:
+/// their Leases' bounds.
+pub fn bound(held: &[Held]) -> Timestamp {
     held.iter()
         .map(|h| {
-            // A take-over whose time was never recorded (a run that died between the write
-            // and the record) counts from now: late, never early.
-            let since = h
-                .held_since
-                .as_deref()
-                .and_then(|t| t.parse::<Timestamp>().ok())
-                .unwrap_or_else(Timestamp::now);
-            match h.former_holder.is_empty() {
+            let t = takeover(&h.lease);
+            match t.former_holder.is_empty() {
                 // Released before we took it: nobody was leading.
-                true => since,
-                false => plan::stopped_at(since, h.former_lease_duration_seconds),
+                true => t.held_since,
+                false => plan::stopped_at(t.held_since, t.lease_seconds),
             }
         })
         .max()

@@ -11,6 +11,7 @@ use super::super::common::{
 use super::super::lease;
 use super::super::plan::{self, LeaseSeen, PinPlan, StopChoice};
 use super::super::preflight::{self, preflight};
+use super::super::proof;
 use super::OpenOptions;
 use crate::resources::move_window::{MoveWindowSpec, PinnedDeployment, StopPolicy};
 use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
@@ -23,6 +24,8 @@ pub struct Choice {
     pub name: String,
     /// `spec.replicas` now.
     pub replicas: i32,
+    /// Its pods' `terminationGracePeriodSeconds` (Kubernetes' default: 30).
+    pub grace: i64,
     pub plan: Stop,
 }
 
@@ -98,6 +101,12 @@ pub async fn choose(
         };
         out.push(Choice {
             replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+            grace: d
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(30),
             namespace: ns,
             name,
             plan: stop,
@@ -150,7 +159,8 @@ pub async fn plan_open(
                     longest = longest.max(l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS));
                 }
             }
-            let what = planned(ch, opts.standby && plan::needs_standby(ch.replicas, None));
+            let standby = opts.standby && plan::needs_standby(ch.replicas, None);
+            let what = planned(ch, standby);
             out.say(format!("{}: {}: {what}", c.label, ch.what()));
         }
     }
@@ -174,14 +184,22 @@ fn planned(ch: &Choice, standby: bool) -> String {
                     l.former_holder.as_deref().unwrap_or("?")
                 ),
                 None => format!(
-                    "Lease: would hold {} (held by {}, leaseDurationSeconds {})",
+                    "Lease: would hold {} (held by {}, leaseDurationSeconds {}; {})",
                     l.name,
                     if l.holder.is_empty() {
                         "nobody"
                     } else {
                         &l.holder
                     },
-                    l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS)
+                    l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS),
+                    proof::expected(
+                        &l.holder,
+                        &ch.name,
+                        // A Ready pod stays: another replica, or the standby.
+                        !standby.is_empty() || ch.replicas >= 2,
+                        ch.grace,
+                        l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS),
+                    )
                 ),
             })
             .collect::<Vec<_>>()

@@ -11,7 +11,7 @@ use super::super::window_next::{OpenStep, Seen, next_open};
 use super::choose::Stop;
 use super::{
     Choice, Chosen, OpenOptions, Taken, add_standbys, checked, ensure_open, leased_record,
-    pin_scaled, prove, proven_at, take_leases,
+    pin_scaled, prove, take_leases,
 };
 use crate::resources::move_window::{MoveWindow, MoveWindowStatus, PinnedDeployment};
 use crate::window::progress::Progress;
@@ -142,9 +142,8 @@ impl Opener<'_> {
             let op = self.operators[i]
                 .as_deref()
                 .expect("asked where a Lease is taken");
-            let h = take_leases(c, opts, ch, op, out).await?;
-            let at = proven_at(&h);
-            t.leased.push((ch.clone(), h, at));
+            let held = take_leases(c, opts, ch, op, out).await?;
+            t.leased.push((ch.clone(), held));
         }
         self.taken.push(t);
         Ok(())

@@ -6,6 +6,7 @@ mod by_lease;
 mod by_scale;
 mod choose;
 mod driver;
+mod proven;
 
 use crate::window::progress::Progress;
 use std::time::Duration;
@@ -23,13 +24,13 @@ use super::plan;
 use super::preflight::{self, preflight};
 use super::standby;
 use crate::resources::move_window::{
-    HeldLease, MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, StopPolicy,
-    Strategy, WindowState,
+    MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, StopPolicy, Strategy,
+    WindowState,
 };
 use crate::resources::phase::WindowPhase;
 use crate::rules::move_window::OwnDeployment;
 use crate::rules::selector::Selector;
-use by_lease::{leased_record, proven_at, take_leases};
+use by_lease::{Held, bound, leased_record, take_leases};
 use by_scale::{pin_deployment, wait_pods_gone, wait_policy_in_force};
 pub use choose::Choice;
 pub use choose::plan_open;
@@ -295,9 +296,9 @@ async fn checked(
 pub struct Taken {
     cluster: Cluster,
     opts: OpenOptions,
-    /// Lease-stopped Deployments, their Leases as held, and when their former leaders are
-    /// proven stopped.
-    leased: Vec<(Choice, Vec<HeldLease>, Timestamp)>,
+    /// Lease-stopped Deployments, their Leases as held, each with the watch of its former
+    /// holder's Pod.
+    leased: Vec<(Choice, Vec<Held>)>,
     /// Scale-stopped Deployments.
     scaled: Vec<(String, String)>,
     /// The fail-closed webhook Services the Lease-stopped Deployments back.
@@ -306,11 +307,12 @@ pub struct Taken {
 }
 
 impl Taken {
-    /// When every former leader here is proven stopped (now, where none was).
-    pub fn proven_at(&self) -> Timestamp {
+    /// When every former leader here is proven stopped at the latest (now, where none was):
+    /// the latest Lease bound; the kubelet's report of their ends may prove it sooner.
+    pub fn bound(&self) -> Timestamp {
         self.leased
             .iter()
-            .map(|(_, _, t)| *t)
+            .map(|(_, h)| bound(h))
             .max()
             .unwrap_or_else(Timestamp::now)
     }
@@ -321,8 +323,8 @@ impl Taken {
 pub fn first_taken(taken: &[Taken]) -> String {
     taken
         .iter()
-        .flat_map(|t| t.leased.iter().flat_map(|(_, held, _)| held))
-        .filter_map(|h| h.held_since.as_deref()?.parse::<Timestamp>().ok())
+        .flat_map(|t| t.leased.iter().flat_map(|(_, held)| held))
+        .filter_map(|h| h.lease.held_since.as_deref()?.parse::<Timestamp>().ok())
         .min()
         .map(|t| t.to_string())
         .unwrap_or_else(now)
@@ -441,17 +443,20 @@ async fn add_standbys(
 pub const SERVING_TIMEOUT: Duration = Duration::from_secs(180);
 const FAST_POLL: Duration = Duration::from_millis(500);
 
-/// The second half of `open`, for every cluster `take` stopped at once: wait until the former
-/// leaders can no longer be leading (the latest bound of all), check that every Lease is still
+/// The second half of `open`, for every cluster `take` stopped at once: wait until every
+/// former leader is proven stopped (`proven`: its end reported by the kubelet, or its bound), check that every Lease is still
 /// the window's and that the Lease-stopped controllers serve (a Ready pod, their webhook
 /// Services a ready endpoint), and wait for the pinned pods to be gone.
 pub async fn prove(taken: &[Taken], out: &mut Progress) -> Result<()> {
-    wait_bounds(taken, out).await;
+    let proofs = proven::wait(taken, out).await;
+    for (t, proofs) in taken.iter().zip(&proofs) {
+        proven::record_proofs(t, proofs, out).await?;
+    }
     for t in taken {
         let deployments: Vec<(String, String)> = t
             .leased
             .iter()
-            .map(|(ch, _, _)| (ch.namespace.clone(), ch.name.clone()))
+            .map(|(ch, _)| (ch.namespace.clone(), ch.name.clone()))
             .collect();
         let poll = t.opts.poll.min(FAST_POLL);
         for why in
@@ -473,8 +478,8 @@ pub async fn prove(taken: &[Taken], out: &mut Progress) -> Result<()> {
     for t in taken {
         still_held(t).await?;
     }
-    for t in taken {
-        record_proven(t, out).await?;
+    for (t, proofs) in taken.iter().zip(&proofs) {
+        proven::record_proven(t, proofs, out).await?;
     }
     if let Some(started) = taken.iter().map(|t| t.started).min() {
         out.say(format!(
@@ -485,34 +490,12 @@ pub async fn prove(taken: &[Taken], out: &mut Progress) -> Result<()> {
     Ok(())
 }
 
-/// Until the former leaders can no longer be leading: the longest bound, named (the others
-/// end with it or before).
-async fn wait_bounds(taken: &[Taken], out: &mut Progress) {
-    let proofs: Vec<(&Taken, &Choice, &Timestamp)> = taken
-        .iter()
-        .flat_map(|t| t.leased.iter().map(move |(ch, _, at)| (t, ch, at)))
-        .collect();
-    let Some((t, ch, until)) = proofs.iter().max_by_key(|(_, _, at)| **at) else {
-        return;
-    };
-    let until = **until;
-    let left = until.duration_since(Timestamp::now()).as_secs_f64();
-    if left >= 0.5 {
-        out.say(format!("waiting {left:.0}s, until {until}, for the former leaders of {} Deployment{} to be unable to lead (the last: {}: {})",
-            proofs.len(),
-            if proofs.len() == 1 { "" } else { "s" },
-            t.cluster.label,
-            ch.what()));
-    }
-    lease::sleep_until(until, "the former leaders can no longer be leading", out).await;
-}
-
 /// Every Lease still the window's, by its holder: one taken back means its controllers may
 /// be running.
 async fn still_held(t: &Taken) -> Result<()> {
     let c = &t.cluster;
-    for (ch, held, _) in &t.leased {
-        for h in held {
+    for (ch, held) in &t.leased {
+        for Held { lease: h, .. } in held {
             let Some(holder) = lease::taken_from(c, &ch.namespace, &h.name, &t.opts.name).await?
             else {
                 continue;
@@ -534,36 +517,5 @@ async fn still_held(t: &Taken) -> Result<()> {
             });
         }
     }
-    Ok(())
-}
-
-/// Record each Deployment stopped since its bound, and the window open.
-async fn record_proven(t: &Taken, out: &mut Progress) -> Result<()> {
-    let c = &t.cluster;
-    for (ch, _, at) in &t.leased {
-        record(c, &t.opts.name, |s| {
-            if let Some(p) = pinned_mut(s, &ch.namespace, &ch.name) {
-                p.stopped_since.get_or_insert_with(|| at.to_string());
-            }
-            s.last_step = Some(format!("stopped {}", ch.what()));
-        })
-        .await?;
-    }
-    if !t.leased.is_empty() {
-        let what: Vec<String> = t.leased.iter().map(|(ch, _, _)| ch.what()).collect();
-        out.say(format!("{}: stopped and serving: {} (no former leader can be leading since {}; a Ready pod each)",
-            c.label,
-            what.join(", "),
-            t.proven_at()));
-    }
-    record(c, &t.opts.name, |s| {
-        s.phase = Some(WindowPhase::Open);
-        if !t.opts.wait_timeout.is_zero() {
-            s.pods_gone_at.get_or_insert_with(now);
-        }
-        s.last_step = Some("stopped".into());
-    })
-    .await?;
-    out.say(format!("{}: MoveWindow {} is open", c.label, t.opts.name));
     Ok(())
 }
