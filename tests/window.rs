@@ -307,11 +307,7 @@ fn roles(source: &Env, target: &Env) -> [Cluster; 2] {
 }
 
 fn cluster(e: &Env, label: &str, role: Option<MoveRole>) -> Cluster {
-    Cluster {
-        label: label.into(),
-        client: e.proxy.client(),
-        role,
-    }
+    Cluster::new(label, e.proxy.client(), role)
 }
 
 fn own() -> OwnDeployment {

@@ -19,11 +19,7 @@ pub async fn window(a: WindowArgs) -> anyhow::Result<()> {
            -> anyhow::Result<Cluster> {
         let (client, server) = client_for(kubeconfig, context).await?;
         servers.push((label.to_string(), server));
-        Ok(Cluster {
-            label: label.into(),
-            client,
-            role,
-        })
+        Ok(Cluster::new(label, client, role))
     };
     let clusters = match (&a.source, &a.target) {
         (Some(s), Some(t)) => vec![
@@ -202,16 +198,8 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
         poll: handoff::window::MOVE_POLL,
         step_label: label.clone(),
     };
-    let source = Cluster {
-        label: "source".into(),
-        client: source,
-        role: Some(MoveRole::Source),
-    };
-    let target = Cluster {
-        label: "target".into(),
-        client: target,
-        role: Some(MoveRole::Target),
-    };
+    let source = Cluster::new("source", source, Some(MoveRole::Source));
+    let target = Cluster::new("target", target, Some(MoveRole::Target));
     let mut out = a.progress.reporter(false);
     window::move_run(&source, &target, &opts, &mut out)
         .await

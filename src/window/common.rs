@@ -1,6 +1,8 @@
 //! What every `handoff window` command shares: the clusters, the errors, reading the selected
 //! Deployments and recording progress in the window's status.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -23,6 +25,48 @@ pub struct Cluster {
     pub label: String,
     pub client: kube::Client,
     pub role: Option<MoveRole>,
+    written: Written,
+}
+
+impl Cluster {
+    pub fn new(label: impl Into<String>, client: kube::Client, role: Option<MoveRole>) -> Self {
+        Cluster {
+            label: label.into(),
+            client,
+            role,
+            written: Written::default(),
+        }
+    }
+}
+
+/// Each window as this run last read or wrote it: `record` writes over it without reading
+/// first, and the API server's resourceVersion check (409) sends it back to read whenever
+/// anyone else wrote since. One request per recorded step, not two.
+#[derive(Clone, Default)]
+struct Written(Arc<Mutex<HashMap<String, MoveWindow>>>);
+
+impl Written {
+    fn get(&self, name: &str) -> Option<MoveWindow> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    fn put(&self, w: &MoveWindow) {
+        if let Some(name) = &w.metadata.name {
+            let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            m.insert(name.clone(), w.clone());
+        }
+    }
+
+    fn forget(&self, name: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
 }
 
 /// A Deployment whose pods back a webhook that fails closed. It lives beside the error that
@@ -156,15 +200,20 @@ pub async fn selected_deployments(
 
 /// The window `name`, if it exists.
 pub async fn read_window(c: &Cluster, name: &str) -> Result<Option<MoveWindow>> {
-    Api::<MoveWindow>::all(c.client.clone())
+    let w = Api::<MoveWindow>::all(c.client.clone())
         .get_opt(name)
         .await
-        .map_err(api_err(c, format!("reading MoveWindow {name}")))
+        .map_err(api_err(c, format!("reading MoveWindow {name}")))?;
+    match &w {
+        Some(w) => c.written.put(w),
+        None => c.written.forget(name),
+    }
+    Ok(w)
 }
 
 /// Set `spec.state`.
 pub async fn set_state(c: &Cluster, name: &str, state: WindowState) -> Result<()> {
-    Api::<MoveWindow>::all(c.client.clone())
+    let w = Api::<MoveWindow>::all(c.client.clone())
         .patch(
             name,
             &PatchParams::default(),
@@ -172,10 +221,12 @@ pub async fn set_state(c: &Cluster, name: &str, state: WindowState) -> Result<()
         )
         .await
         .map_err(api_err(c, format!("setting MoveWindow {name} {state:?}")))?;
+    c.written.put(&w);
     Ok(())
 }
 
-/// Read the window, change its status with `f`, write the whole status back.
+/// Change the window's status with `f` and write the whole status back, over the window as
+/// this run last saw it (read first where it has not).
 pub async fn record(
     c: &Cluster,
     name: &str,
@@ -185,11 +236,14 @@ pub async fn record(
     // Read-modify-write guarded by the resourceVersion the read returned: a concurrent run of
     // another command makes this one read again instead of overwriting what the other
     // recorded. A replace, not a merge patch: what `f` cleared is gone.
-    for _attempt in 0..5 {
-        let mut w = api
-            .get(name)
-            .await
-            .map_err(api_err(c, format!("reading MoveWindow {name}")))?;
+    for attempt in 0..5 {
+        let mut w = match c.written.get(name).filter(|_| attempt == 0) {
+            Some(w) => w,
+            None => api
+                .get(name)
+                .await
+                .map_err(api_err(c, format!("reading MoveWindow {name}")))?,
+        };
         let mut status = w.status.take().unwrap_or_default();
         // Nothing is written over a record this version cannot read.
         let unknown = status
@@ -207,8 +261,14 @@ pub async fn record(
         status.pinned_count = status.pinned.len() as i32;
         w.status = Some(status.clone());
         match api.replace_status(name, &PostParams::default(), &w).await {
-            Ok(_) => return Ok(status),
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Ok(written) => {
+                c.written.put(&written);
+                return Ok(status);
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                c.written.forget(name);
+                continue;
+            }
             Err(e) => {
                 return Err(api_err(c, format!("recording status of MoveWindow {name}"))(e));
             }

@@ -42,6 +42,8 @@ pub struct Takeover<'a> {
     pub lease_seconds: i32,
     /// `<pod>_<uuid>`; empty where nobody held it.
     pub former_holder: &'a str,
+    /// The Deployment whose Pod it was to be.
+    pub deployment: &'a str,
     /// Its Pod as read right after the take-over, where the holder was a Pod of the
     /// Deployment with a running container.
     pub pod: Option<&'a FormerPod>,
@@ -112,7 +114,7 @@ pub fn proof(t: &Takeover, reports: &[PodReport], now: Timestamp) -> Proof {
     }
     let bound = plan::stopped_at(t.held_since, t.lease_seconds);
     let (exited, why) = match t.pod {
-        None => (None, no_pod(t.former_holder)),
+        None => (None, no_pod(t.former_holder, t.deployment)),
         Some(pod) => exited(pod, reports),
     };
     match exited {
@@ -129,11 +131,13 @@ pub fn proof(t: &Takeover, reports: &[PodReport], now: Timestamp) -> Proof {
     }
 }
 
-fn no_pod(holder: &str) -> String {
-    match plan::pod_of_identity(holder) {
-        None => format!("its holder {holder} is not a Pod (a manager run outside the cluster?)"),
+fn no_pod(holder: &str, deployment: &str) -> String {
+    match plan::pod_of_identity(holder).filter(|p| plan::pod_of_deployment(p, deployment)) {
+        None => format!(
+            "its holder {holder} is no Pod of Deployment {deployment} (a manager run outside the cluster?)"
+        ),
         Some(pod) => format!(
-            "its Pod {pod} was not one of the Deployment's with a running container right after the take-over"
+            "its Pod {pod} was gone, or had no running container, right after the take-over"
         ),
     }
 }

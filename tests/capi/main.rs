@@ -15,3 +15,4 @@ mod support;
 
 mod crash;
 mod moves;
+mod proofs;

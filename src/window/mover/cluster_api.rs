@@ -34,7 +34,7 @@ fn api_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
     })
 }
 
-async fn resource(c: &Cluster, crd: &str) -> Result<Option<ApiResource>> {
+pub async fn resource(c: &Cluster, crd: &str) -> Result<Option<ApiResource>> {
     Ok(Api::<CustomResourceDefinition>::all(c.client.clone())
         .get_opt(crd)
         .await
@@ -56,21 +56,20 @@ pub async fn paused_in(c: &Cluster, ns: &str, crd: &str) -> Result<Vec<ClusterSe
         .list(&ListParams::default())
         .await
         .map_err(api_err(c, format!("listing {} in {ns}", ar.plural)))?;
-    let mut out: Vec<ClusterSeen> = list
-        .items
-        .iter()
-        .map(|o| {
-            let ann = o.metadata.annotations.as_ref();
-            ClusterSeen {
-                key: format!("{ns}/{}", o.metadata.name.clone().unwrap_or_default()),
-                paused: o.data["spec"]["paused"].as_bool() == Some(true)
-                    || ann.is_some_and(|a| a.contains_key(PAUSED_ANNOTATION)),
-                block_move: ann.and_then(|a| a.get(BLOCK_MOVE)).cloned(),
-            }
-        })
-        .collect();
+    let mut out: Vec<ClusterSeen> = list.items.iter().map(|o| seen(o, ns)).collect();
     out.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(out)
+}
+
+/// One object as `paused_in` reports it.
+pub fn seen(o: &DynamicObject, ns: &str) -> ClusterSeen {
+    let ann = o.metadata.annotations.as_ref();
+    ClusterSeen {
+        key: format!("{ns}/{}", o.metadata.name.clone().unwrap_or_default()),
+        paused: o.data["spec"]["paused"].as_bool() == Some(true)
+            || ann.is_some_and(|a| a.contains_key(PAUSED_ANNOTATION)),
+        block_move: ann.and_then(|a| a.get(BLOCK_MOVE)).cloned(),
+    }
 }
 
 pub async fn clusters_in(c: &Cluster, ns: &str) -> Result<Vec<ClusterSeen>> {

@@ -12,6 +12,7 @@ use super::super::move_plan::{self, BLOCK_MOVE, ClusterctlFlags};
 use super::super::open::{OpenOptions, Taken, first_taken, plan_open, prove, take};
 use super::child::{Child, ExitStatus, Signals};
 use super::cluster_api::{self, CLUSTERS, clusters_in, scan};
+use super::pause_watch::PauseWatch;
 use super::{MoveOptions, note, phase};
 use crate::resources::phase::MovePhase;
 
@@ -132,11 +133,18 @@ pub async fn run_clusterctl(
         SourceStop::Already => (None, None),
         SourceStop::AfterPause { opts, target } => (Some(opts), Some(target)),
     };
+    // Watched from before clusterctl starts, so that its pause is seen as it is written.
+    let pauses = match source_opts {
+        Some(_) => Some(PauseWatch::start(source, &opts.flags.namespace).await?),
+        None => None,
+    };
     let mut child = spawn(opts, source, out)?;
     let mut interrupted = false;
     let mut source_stopped = source_opts.is_none().then(Instant::now);
-    let mut last_wait = None;
-    let mut tick = tokio::time::interval(opts.poll);
+    let mut waiting = Waited::default();
+    // Reads the watch's view (no request); the objects' block-moves are listed at most once a
+    // `poll`, and only once every Cluster is paused.
+    let mut tick = tokio::time::interval(PAUSE_TICK.min(opts.poll));
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
@@ -147,7 +155,8 @@ pub async fn run_clusterctl(
                 child.signal(sig);
             }
             _ = tick.tick(), if source_stopped.is_none() && !interrupted => {
-                let Some(paused) = source_paused(source, opts, &mut last_wait, out).await else {
+                let Some(pauses) = &pauses else { continue };
+                let Some(paused) = source_paused(source, pauses, opts, &mut waiting, out).await else {
                     continue;
                 };
                 let stopped = tokio::select! {
@@ -189,33 +198,48 @@ pub async fn run_clusterctl(
     })
 }
 
+/// How often the watched Clusters are looked at while clusterctl runs (in memory).
+const PAUSE_TICK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// What `source_paused` said last, and when it last listed the objects' block-moves.
+#[derive(Default)]
+struct Waited {
+    said: Option<move_plan::Waiting>,
+    scanned: Option<Instant>,
+}
+
 /// The source's Clusters in scope, once clusterctl has paused every one and the providers have
 /// lifted their block-moves; `None` while it waits (said once per change) or a read failed
-/// (retried at the next tick; clusterctl keeps waiting).
+/// (retried later; clusterctl keeps waiting).
 async fn source_paused(
     source: &Cluster,
+    pauses: &PauseWatch,
     opts: &MoveOptions,
-    last_wait: &mut Option<move_plan::Waiting>,
+    waited: &mut Waited,
     out: &mut Progress,
 ) -> Option<Vec<String>> {
     let ns = &opts.flags.namespace;
-    let read = async {
-        Ok::<_, WindowError>((
-            clusters_in(source, ns).await?,
-            scan(source, ns).await?.blocking,
-        ))
-    };
-    let (clusters, blocking) = match read.await {
-        Ok(v) => v,
-        Err(e) => {
-            out.warn(format!("{e}; trying again"));
-            return None;
+    let clusters = pauses.clusters()?;
+    // The other objects only once every Cluster is paused: before that the answer is "wait".
+    let blocking = match move_plan::source_ready(&clusters, &[], &opts.window) {
+        Err(w @ move_plan::Waiting::Pause(_)) => Err(w),
+        _ if waited.scanned.is_some_and(|t| t.elapsed() < opts.poll) => return None,
+        _ => {
+            waited.scanned = Some(Instant::now());
+            match scan(source, ns).await {
+                Ok(s) => Ok(s.blocking),
+                Err(e) => {
+                    out.warn(format!("{e}; trying again"));
+                    return None;
+                }
+            }
         }
     };
-    if let Err(waiting) = move_plan::source_ready(&clusters, &blocking, &opts.window) {
-        if last_wait.as_ref() != Some(&waiting) {
-            out.say(format!("handoff move: waiting for {waiting}"));
-            *last_wait = Some(waiting);
+    let ready = blocking.and_then(|b| move_plan::source_ready(&clusters, &b, &opts.window));
+    if let Err(w) = ready {
+        if waited.said.as_ref() != Some(&w) {
+            out.say(format!("handoff move: waiting for {w}"));
+            waited.said = Some(w);
         }
         return None;
     }

@@ -6,6 +6,7 @@
 mod child;
 mod cluster_api;
 mod clusterctl;
+mod pause_watch;
 mod restore;
 mod steps;
 

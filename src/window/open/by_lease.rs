@@ -183,19 +183,23 @@ async fn record_taken(
 }
 
 /// What the take-over recorded of a held Lease, for `proof::proof`.
-pub fn takeover(h: &HeldLease) -> Takeover<'_> {
+pub fn takeover<'a>(h: &'a HeldLease, deployment: &'a str) -> Takeover<'a> {
     Takeover {
-        // A take-over whose time was never recorded (a run that died between the write and
-        // the record) counts from now: late, never early.
-        held_since: h
-            .held_since
-            .as_deref()
-            .and_then(|t| t.parse::<Timestamp>().ok())
-            .unwrap_or_else(Timestamp::now),
+        held_since: held_since(h),
         lease_seconds: h.former_lease_duration_seconds,
         former_holder: &h.former_holder,
+        deployment,
         pod: h.former_pod.as_ref(),
     }
+}
+
+/// When the window took it. A take-over whose time was never recorded (a run that died
+/// between the write and the record) counts from now: late, never early.
+pub fn held_since(h: &HeldLease) -> Timestamp {
+    h.held_since
+        .as_deref()
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .unwrap_or_else(Timestamp::now)
 }
 
 /// The latest moment these former leaders are proven stopped, whatever the kubelet reports:
@@ -203,11 +207,11 @@ pub fn takeover(h: &HeldLease) -> Takeover<'_> {
 pub fn bound(held: &[Held]) -> Timestamp {
     held.iter()
         .map(|h| {
-            let t = takeover(&h.lease);
-            match t.former_holder.is_empty() {
+            let since = held_since(&h.lease);
+            match h.lease.former_holder.is_empty() {
                 // Released before we took it: nobody was leading.
-                true => t.held_since,
-                false => plan::stopped_at(t.held_since, t.lease_seconds),
+                true => since,
+                false => plan::stopped_at(since, h.lease.former_lease_duration_seconds),
             }
         })
         .max()

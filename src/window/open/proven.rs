@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::super::common::{Result, now, pinned_mut, record};
 use super::Taken;
-use super::by_lease::{Held, takeover};
+use super::by_lease::{Held, held_since, takeover};
 use crate::resources::move_window::ProofKind;
 use crate::resources::phase::WindowPhase;
 use crate::window::progress::Progress;
@@ -31,12 +31,12 @@ fn recorded(h: &Held) -> Option<(Timestamp, ProvenBy)> {
     Some((at, by))
 }
 
-fn now_proof(h: &Held, at: Timestamp) -> Proof {
+fn now_proof(h: &Held, deployment: &str, at: Timestamp) -> Proof {
     if let Some((at, by)) = recorded(h) {
         return Proof::Proven { at, by };
     }
     let reports = h.watch.as_ref().map(|w| w.reports()).unwrap_or_default();
-    proof::proof(&takeover(&h.lease), &reports, at)
+    proof::proof(&takeover(&h.lease, deployment), &reports, at)
 }
 
 /// Until every former leader of every cluster is proven stopped.
@@ -49,7 +49,7 @@ pub async fn wait(taken: &[Taken], out: &mut Progress) -> Proofs {
             .map(|t| {
                 t.leased
                     .iter()
-                    .map(|(_, held)| held.iter().map(|h| now_proof(h, now)).collect())
+                    .map(|(ch, held)| held.iter().map(|h| now_proof(h, &ch.name, now)).collect())
                     .collect()
             })
             .collect();
@@ -109,7 +109,7 @@ fn proven(all: Vec<Vec<Vec<Proof>>>) -> Proofs {
 
 /// How one Lease was proven, as a user reads it.
 fn said(h: &Held, at: Timestamp, by: &ProvenBy) -> String {
-    let since = takeover(&h.lease).held_since;
+    let since = held_since(&h.lease);
     let after = at.duration_since(since).as_secs_f64().max(0.0);
     match by {
         ProvenBy::NobodyLed => "nobody held it".to_string(),

@@ -30,6 +30,7 @@ fn takeover<'a>(holder: &'a str, pod: Option<&'a FormerPod>) -> Takeover<'a> {
         held_since: t0(),
         lease_seconds: 15,
         former_holder: holder,
+        deployment: "capi-controller-manager",
         pod,
     }
 }
@@ -166,11 +167,16 @@ fn a_pod_gone_with_no_report_of_its_end_waits_for_the_bound_and_says_why() {
 #[test]
 fn a_holder_that_is_no_pod_waits_for_the_bound() {
     // A manager run from a laptop: its identity is its hostname's, no Pod's.
-    let t = takeover("laptop", None);
-    assert!(waits(&proof(&t, &[], at(1))).contains("is not a Pod"));
-    // A Pod's name, but not one of the Deployment's with a running container.
+    let t = takeover("laptop_0a1b", None);
+    let why = waits(&proof(&t, &[], at(1))).to_string();
+    assert!(
+        why.contains("is no Pod of Deployment capi-controller-manager"),
+        "{why}"
+    );
+    // Its Pod, gone before the take-over could read it (or with no running container).
     let t = takeover(HOLDER, None);
-    assert!(waits(&proof(&t, &[], at(1))).contains(POD));
+    let why = waits(&proof(&t, &[], at(1))).to_string();
+    assert!(why.contains(&format!("its Pod {POD} was gone")), "{why}");
 }
 
 #[test]

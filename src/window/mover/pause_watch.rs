@@ -1,0 +1,92 @@
+//! The source's Clusters, watched while clusterctl runs: its pause is seen the moment it is
+//! written, and waiting for it costs no request (listing them each second did, and listing
+//! every moved kind with them: about twenty requests a second).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt as _;
+use kube::Api;
+use kube::api::DynamicObject;
+use kube::runtime::watcher::{self, Event};
+use tokio::task::JoinHandle;
+
+use super::super::common::{Cluster, Result};
+use super::super::move_plan::ClusterSeen;
+use super::cluster_api::{CLUSTERS, resource, seen};
+
+/// The Clusters as last listed and watched; `None` until the first listing is in.
+type View = Arc<Mutex<Option<BTreeMap<String, ClusterSeen>>>>;
+
+pub struct PauseWatch {
+    view: View,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for PauseWatch {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+impl PauseWatch {
+    /// Watch the Clusters of `ns` (none where Cluster API's CRD is not installed).
+    pub async fn start(c: &Cluster, ns: &str) -> Result<PauseWatch> {
+        let view: View = Arc::new(Mutex::new(None));
+        let Some(ar) = resource(c, CLUSTERS).await? else {
+            *view.lock().unwrap_or_else(|e| e.into_inner()) = Some(BTreeMap::new());
+            return Ok(PauseWatch { view, task: None });
+        };
+        let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar);
+        let task = tokio::spawn(watch(api, ns.to_string(), view.clone()));
+        Ok(PauseWatch {
+            view,
+            task: Some(task),
+        })
+    }
+
+    /// The Clusters, sorted by key, once listed.
+    pub fn clusters(&self) -> Option<Vec<ClusterSeen>> {
+        let view = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        view.as_ref().map(|m| m.values().cloned().collect())
+    }
+}
+
+async fn watch(api: Api<DynamicObject>, ns: String, view: View) {
+    // A listing under way is built aside: until it is done the last view stands.
+    let mut listing = BTreeMap::new();
+    let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
+    while let Some(ev) = events.next().await {
+        let set = |f: &dyn Fn(&mut BTreeMap<String, ClusterSeen>)| {
+            if let Some(m) = view.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                f(m);
+            }
+        };
+        match ev {
+            Ok(Event::Init) => listing.clear(),
+            Ok(Event::InitApply(o)) => {
+                let s = seen(&o, &ns);
+                listing.insert(s.key.clone(), s);
+            }
+            Ok(Event::InitDone) => {
+                *view.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(std::mem::take(&mut listing));
+            }
+            Ok(Event::Apply(o)) => {
+                let s = seen(&o, &ns);
+                set(&|m| {
+                    m.insert(s.key.clone(), s.clone());
+                });
+            }
+            Ok(Event::Delete(o)) => {
+                let key = seen(&o, &ns).key;
+                set(&|m| {
+                    m.remove(&key);
+                });
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+        }
+    }
+}
