@@ -48,6 +48,12 @@ fn finished(child: Child, what: &str) -> String {
     let out: Output = child.wait_with_output().expect("handoff");
     let log = text(&out.stdout) + &text(&out.stderr);
     assert!(out.status.success(), "{what}:\n{log}");
+    for line in log
+        .lines()
+        .filter(|l| l.contains(": Lease ") && l.contains("after the take-over"))
+    {
+        eprintln!("{what}: {line}");
+    }
     log
 }
 
@@ -118,15 +124,11 @@ fn a_stop_is_proven_by_the_leaders_end_or_by_the_lease_bound_with_the_reason() {
         "the window recording the CAPD leader's Pod",
         Duration::from_secs(120),
         || {
-            m.get(&["movewindows"])["items"]
-                .as_array()
-                .is_some_and(|a| !a.is_empty())
-                .then(|| {
-                    held(&m, "force")["formerPod"]["name"]
-                        .as_str()
-                        .map(str::to_string)
-                })
-                .flatten()
+            let out = m.kubectl(&["get", "movewindow", "force", "-o", "json"]);
+            let w: Value = serde_json::from_slice(&out.stdout).ok()?;
+            w["status"]["pinned"][0]["leases"][0]["formerPod"]["name"]
+                .as_str()
+                .map(str::to_string)
         },
     );
     m.ok(&[
