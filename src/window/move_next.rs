@@ -82,11 +82,12 @@ pub enum Step {
     /// A move resumed after clusterctl began deleting: the source stays stopped (opened and
     /// proven), its Clusters unpaused so that clusterctl starts.
     KeepSourceStopped,
-    /// The target's controllers taken (proven later), the move's record begun.
+    /// The source's standbys added, the target's controllers taken (proven later), the move's
+    /// record begun.
     StopTarget { block_move: Vec<String> },
     /// The target proven stopped before clusterctl starts (the source is stopped already).
     ProveTarget,
-    /// The source's standbys, the move recorded `Moving`, handoff's block-move on.
+    /// The move recorded `Moving`, handoff's block-move on.
     Hold,
     /// clusterctl, with the source stopped (and both proven) once it paused them.
     RunClusterctl,

@@ -39,7 +39,7 @@ impl Mover<'_> {
                 self.stop_target(seen, stopped_already, fresh).await
             }
             Step::ProveTarget => self.prove_target().await,
-            Step::Hold => self.hold(&run.block_move, stopped_already).await,
+            Step::Hold => self.hold(&run.block_move).await,
             Step::RunClusterctl => return self.clusterctl(stopped_already).await.map(Some),
             Step::Lift { warn } => self.lift(*warn).await,
             Step::Fail => self.fail(run.clusterctl.as_ref()).await,
@@ -248,6 +248,13 @@ impl Mover<'_> {
     /// before the lift: one Lease bound per move, not two in a row.
     async fn stop_target(&mut self, seen: &Observed, proven_next: bool, fresh: bool) -> Result<()> {
         let p = phase(self.out, "stopping the target's controllers");
+        // The source's standbys first, so that they come up while the target's do, and are
+        // Ready by the time clusterctl has paused the source: the source's take-over then
+        // waits for none, and handoff lifts its block-move before clusterctl's second check
+        // (5 s after its first).
+        if !proven_next {
+            ready_standbys(self.source, &self.source_opts, self.out).await?;
+        }
         let taken = take(
             std::slice::from_ref(self.target),
             &self.target_opts,
@@ -307,10 +314,7 @@ impl Mover<'_> {
     /// paused it, then only takes the Leases); then handoff's block-move on each source
     /// Cluster, so that clusterctl's wait includes handoff's: recorded before written, so a run
     /// that dies after the write still lifts it.
-    async fn hold(&mut self, add: &[String], stopped_already: bool) -> Result<()> {
-        if !stopped_already {
-            ready_standbys(self.source, &self.source_opts, self.out).await?;
-        }
+    async fn hold(&mut self, add: &[String]) -> Result<()> {
         note(self.target, &self.opts.window, |m| {
             m.phase = MovePhase::Moving;
             m.block_move = add.to_vec();
