@@ -787,7 +787,7 @@ fn check_in_cluster(r: &Rendered) {
             (
                 strings(&[""]),
                 strings(&["pods"]),
-                strings(&["get", "delete"])
+                strings(&["get", "list", "watch", "delete"])
             )
         ]
     );

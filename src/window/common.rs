@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::{Timestamp, Unit};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, ListParams, Patch, PatchParams, PostParams};
 use serde::Serialize;
 use serde_json::json;
 
@@ -26,6 +26,9 @@ pub struct Cluster {
     pub client: kube::Client,
     pub role: Option<MoveRole>,
     written: Written,
+    /// The API of each CRD as first read this run (`None`: not installed): read once, not
+    /// once per object written.
+    crds: Arc<Mutex<HashMap<String, Option<ApiResource>>>>,
 }
 
 impl Cluster {
@@ -35,7 +38,21 @@ impl Cluster {
             client,
             role,
             written: Written::default(),
+            crds: Arc::default(),
         }
+    }
+
+    pub fn crd_known(&self, crd: &str) -> Option<Option<ApiResource>> {
+        self.crds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(crd)
+            .cloned()
+    }
+
+    pub fn crd_read(&self, crd: &str, ar: Option<ApiResource>) {
+        let mut m = self.crds.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(crd.to_string(), ar);
     }
 }
 

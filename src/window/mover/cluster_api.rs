@@ -35,7 +35,10 @@ fn api_resource(crd: &CustomResourceDefinition) -> Option<ApiResource> {
 }
 
 pub async fn resource(c: &Cluster, crd: &str) -> Result<Option<ApiResource>> {
-    Ok(Api::<CustomResourceDefinition>::all(c.client.clone())
+    if let Some(known) = c.crd_known(crd) {
+        return Ok(known);
+    }
+    let ar = Api::<CustomResourceDefinition>::all(c.client.clone())
         .get_opt(crd)
         .await
         .map_err(api_err(
@@ -43,7 +46,9 @@ pub async fn resource(c: &Cluster, crd: &str) -> Result<Option<ApiResource>> {
             format!("reading CustomResourceDefinition {crd}"),
         ))?
         .as_ref()
-        .and_then(api_resource))
+        .and_then(api_resource);
+    c.crd_read(crd, ar.clone());
+    Ok(ar)
 }
 
 /// Every object of `crd` in `ns` (none where the CRD is not installed): `spec.paused` or the
