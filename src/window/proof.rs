@@ -23,13 +23,22 @@
 //!
 //! The process that led ran in one of the Pod's containers at the take-over: the instance the
 //! kubelet reported running right after it, or one before it (which ended before that one
-//! started). So the end of every instance recorded then proves the leader's end.
+//! started). So the end of every instance recorded then proves the leader's end, with two
+//! guards against a status that lagged the runtime: every container must be reported running
+//! at that read, and a report that proves the end must show no instance running that started
+//! before the take-over (one the read did not show).
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 
 use super::plan;
 use crate::resources::move_window::{FormerPod, ProofKind, StopProof};
+
+/// How much later than the take-over an instance running in a proving report must have
+/// started (the node's clock against this one's): one that started earlier may be one the
+/// take-over's read did not show.
+const STARTED_AFTER: k8s_openapi::jiff::SignedDuration =
+    k8s_openapi::jiff::SignedDuration::from_secs(5);
 
 /// The reason the kubelet gives a container whose end it could not observe.
 pub const UNKNOWN_END: &str = "ContainerStatusUnknown";
@@ -59,6 +68,8 @@ pub enum PodReport {
         uid: String,
         /// Every container instance reported ended: its ID and the kubelet's reason.
         ended: Vec<(String, Option<String>)>,
+        /// When each instance reported running started (`None`: not said).
+        running: Vec<Option<Timestamp>>,
     },
     /// No Pod of that name any more (deleted, or found missing).
     Gone { at: Timestamp },
@@ -115,7 +126,7 @@ pub fn proof(t: &Takeover, reports: &[PodReport], now: Timestamp) -> Proof {
     let bound = plan::stopped_at(t.held_since, t.lease_seconds);
     let (exited, why) = match t.pod {
         None => (None, no_pod(t.former_holder, t.deployment)),
-        Some(pod) => exited(pod, reports),
+        Some(pod) => exited(pod, t.held_since, reports),
     };
     match exited {
         // Reported no earlier than the take-over (its clock rounds up to the second).
@@ -143,17 +154,31 @@ fn no_pod(holder: &str, deployment: &str) -> String {
 }
 
 /// When the reports first show every recorded instance ended, or why they do not.
-fn exited(pod: &FormerPod, reports: &[PodReport]) -> (Option<Timestamp>, String) {
+fn exited(
+    pod: &FormerPod,
+    held_since: Timestamp,
+    reports: &[PodReport],
+) -> (Option<Timestamp>, String) {
     let mut why = format!("the kubelet has not reported Pod {} ended", pod.name);
     for r in reports {
         match r {
-            PodReport::Status { at, uid, ended } if *uid == pod.uid => {
+            PodReport::Status {
+                at,
+                uid,
+                ended,
+                running,
+            } if *uid == pod.uid => {
                 let all = pod.container_ids.iter().all(|id| {
                     ended
                         .iter()
                         .any(|(e, reason)| e == id && reason.as_deref() != Some(UNKNOWN_END))
                 });
-                if all {
+                // An instance running since before the take-over is one the read right after it
+                // did not show (a status that lagged the runtime): it may be the leader.
+                let fresh = running
+                    .iter()
+                    .all(|s| s.is_some_and(|s| s >= held_since + STARTED_AFTER));
+                if all && fresh {
                     return (Some(*at), String::new());
                 }
             }
@@ -200,11 +225,15 @@ pub fn expected(
 pub fn former_pod(pod: &Pod) -> Option<FormerPod> {
     let name = pod.metadata.name.clone()?;
     let uid = pod.metadata.uid.clone()?;
-    let container_ids: Vec<String> = statuses(pod)
+    let all: Vec<&ContainerStatus> = statuses(pod).collect();
+    let container_ids: Vec<String> = all
+        .iter()
         .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
         .filter_map(|c| c.container_id.clone())
         .collect();
-    (!container_ids.is_empty()).then_some(FormerPod {
+    // Every container running, each under its ID: one that is not may be where the leader
+    // ran, in an instance the report has not caught up with.
+    (!container_ids.is_empty() && container_ids.len() == all.len()).then_some(FormerPod {
         name,
         uid,
         container_ids,
@@ -214,7 +243,11 @@ pub fn former_pod(pod: &Pod) -> Option<FormerPod> {
 /// A Pod as reported at `at`.
 pub fn report(pod: &Pod, at: Timestamp) -> PodReport {
     let mut ended = Vec::new();
+    let mut running = Vec::new();
     for c in statuses(pod) {
+        if let Some(r) = c.state.as_ref().and_then(|s| s.running.as_ref()) {
+            running.push(r.started_at.as_ref().map(|t| t.0));
+        }
         for s in [c.state.as_ref(), c.last_state.as_ref()]
             .into_iter()
             .flatten()
@@ -230,6 +263,7 @@ pub fn report(pod: &Pod, at: Timestamp) -> PodReport {
         at,
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         ended,
+        running,
     }
 }
 

@@ -1,8 +1,8 @@
 //! `handoff window open` and `close`, one next step at a time, pure, in the shape of
 //! `move_next`: from each cluster's window as read when the run began and what this run has
 //! done, the single thing to do next. The drivers (`open`, `close`) perform it and come back.
-//! `handoff move` runs the same drivers inside its own steps (`Hold` takes the source, `Restore`
-//! closes a cluster), so a window opened by a move and one opened by hand go through the same
+//! `handoff move` runs the same drivers inside its own steps (`StopTarget` takes the target,
+//! `RunClusterctl` the source once clusterctl paused it, `Restore` closes a cluster), so a window opened by a move and one opened by hand go through the same
 //! steps.
 
 use crate::resources::move_window::MoveWindow;

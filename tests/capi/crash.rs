@@ -766,12 +766,15 @@ fn pods_lost_and_added_in_a_window(m: &Mgmt, probes: Vec<serde_json::Value>) {
         support::capi::Prober::start(vec![(m.name.to_string(), m.kubeconfig.clone(), probes)]);
     // One of CAPD's two Ready pods deleted (the other keeps its webhooks serving); the core
     // provider scaled 2 → 3.
-    let capd = support::capi::ready_pod_names(m, "capd-system");
-    assert_eq!(
-        capd.len(),
-        2,
-        "{}: CAPD's pods in the window: {capd:?}",
-        m.name
+    // The former leader's replacement comes up after `open` returns: its end, not the
+    // replacement, is what `open` waits for.
+    let capd = eventually(
+        &format!(
+            "{}: CAPD's standby and the former leader's replacement Ready",
+            m.name
+        ),
+        Duration::from_secs(120),
+        || Some(support::capi::ready_pod_names(m, "capd-system")).filter(|p| p.len() == 2),
     );
     m.ok(&[
         "-n",

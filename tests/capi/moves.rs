@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use crate::support;
 use crate::support::apiserver::{eventually, skip, text};
 use crate::support::capi::{
-    Mgmt, MovedObjects, PROVIDERS, Prober, Rig, WINDOW_HOLDER, Watch, copy_seen, holders,
-    probe_objects, ready_pods, wall,
+    BLOCK_MOVE, Mgmt, MovedObjects, PROVIDERS, Prober, Rig, WINDOW_HOLDER, Watch, copy_seen,
+    holders, probe_objects, ready_pods, wall,
 };
 
 /// What one cluster's watches saw.
@@ -105,21 +105,31 @@ fn move_command(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) -> Command {
 /// operator could): handoff must find it before it lets clusterctl copy, stop clusterctl,
 /// copy nothing, and say the two ways on; `status` shows the Lease taken back.
 fn a_lease_taken_back_stops_the_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str) {
+    // A provider's own block-move on the source's DevCluster holds handoff before it stops
+    // the source (it waits for the providers to lift theirs), so the Lease below is taken
+    // back while the target is held and before the proof, whatever the machine's speed.
+    let blocker = format!("{BLOCK_MOVE}=test-holds-the-source");
+    from.ok(&[
+        "-n",
+        ns,
+        "annotate",
+        "devclusters.infrastructure.cluster.x-k8s.io",
+        "--all",
+        &blocker,
+    ]);
     let mut child = move_command(rig, from, to, ns)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("handoff move");
-    // As long as the move runs: on a busy machine its standbys and Lease bounds take minutes.
     let holding = eventually(
-        "the window holding every provider Lease of both clusters, or handoff move ending",
+        "the window holding every provider Lease of the target, or handoff move ending",
         Duration::from_secs(900),
         || {
             if child.try_wait().expect("handoff move").is_some() {
                 return Some(false);
             }
-            (from.window_holds_every_provider_lease() && to.window_holds_every_provider_lease())
-                .then_some(true)
+            to.window_holds_every_provider_lease().then_some(true)
         },
     );
     if !holding {
@@ -151,14 +161,21 @@ fn a_lease_taken_back_stops_the_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str
                 .map(str::to_string)
         },
     );
+    let unblock = format!("{BLOCK_MOVE}-");
+    from.ok(&[
+        "-n",
+        ns,
+        "annotate",
+        "devclusters.infrastructure.cluster.x-k8s.io",
+        "--all",
+        &unblock,
+    ]);
     let out = child.wait_with_output().expect("handoff move");
     let log = text(&out.stdout) + &text(&out.stderr);
     eprintln!("a handoff move with a Lease taken back:\n{log}");
     assert!(!out.status.success(), "{log}");
-    // Written free, or already taken by a CAPD pod, depending on which handoff saw first (its
-    // leaders' ends are proven within seconds now).
     for want in [
-        "Lease capd-system/controller-leader-election-capd was taken back by ",
+        "was taken back by capd-controller-manager-",
         "finish the move: handoff move",
         "--abort",
     ] {

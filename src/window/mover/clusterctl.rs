@@ -206,6 +206,8 @@ const PAUSE_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 struct Waited {
     said: Option<move_plan::Waiting>,
     scanned: Option<Instant>,
+    /// When the Clusters were last listed, where the watch failed.
+    listed: Option<Instant>,
 }
 
 /// The source's Clusters in scope, once clusterctl has paused every one and the providers have
@@ -219,7 +221,29 @@ async fn source_paused(
     out: &mut Progress,
 ) -> Option<Vec<String>> {
     let ns = &opts.flags.namespace;
-    let clusters = pauses.clusters()?;
+    let clusters = match pauses.failed() {
+        None => pauses.clusters()?,
+        // Listed at most once a poll instead, as before the watch.
+        Some(why) => {
+            if waited.listed.is_some_and(|t| t.elapsed() < opts.poll) {
+                return None;
+            }
+            if waited.listed.is_none() {
+                out.warn(format!(
+                    "watching the source's Clusters failed ({why}); listing them each {:?} instead",
+                    opts.poll
+                ));
+            }
+            waited.listed = Some(Instant::now());
+            match clusters_in(source, ns).await {
+                Ok(c) => c,
+                Err(e) => {
+                    out.warn(format!("{e}; trying again"));
+                    return None;
+                }
+            }
+        }
+    };
     // The other objects only once every Cluster is paused: before that the answer is "wait".
     let blocking = match move_plan::source_ready(&clusters, &[], &opts.window) {
         Err(w @ move_plan::Waiting::Pause(_)) => Err(w),

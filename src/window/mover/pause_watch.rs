@@ -20,6 +20,9 @@ type View = Arc<Mutex<Option<BTreeMap<String, ClusterSeen>>>>;
 
 pub struct PauseWatch {
     view: View,
+    /// The first error the watch met (a watch the user may not make, a dropped connection):
+    /// from then on the Clusters are listed instead, as before the watch.
+    failed: Arc<Mutex<Option<String>>>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -37,14 +40,28 @@ impl PauseWatch {
         let view: View = Arc::new(Mutex::new(None));
         let Some(ar) = resource(c, CLUSTERS).await? else {
             *view.lock().unwrap_or_else(|e| e.into_inner()) = Some(BTreeMap::new());
-            return Ok(PauseWatch { view, task: None });
+            return Ok(PauseWatch {
+                view,
+                failed: Arc::default(),
+                task: None,
+            });
         };
         let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar);
-        let task = tokio::spawn(watch(api, ns.to_string(), view.clone()));
+        let failed = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(watch(api, ns.to_string(), view.clone(), failed.clone()));
         Ok(PauseWatch {
             view,
+            failed,
             task: Some(task),
         })
+    }
+
+    /// Why the watch cannot be relied on, once it has failed.
+    pub fn failed(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The Clusters, sorted by key, once listed.
@@ -54,7 +71,12 @@ impl PauseWatch {
     }
 }
 
-async fn watch(api: Api<DynamicObject>, ns: String, view: View) {
+async fn watch(
+    api: Api<DynamicObject>,
+    ns: String,
+    view: View,
+    failed: Arc<Mutex<Option<String>>>,
+) {
     // A listing under way is built aside: until it is done the last view stands.
     let mut listing = BTreeMap::new();
     let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
@@ -86,7 +108,13 @@ async fn watch(api: Api<DynamicObject>, ns: String, view: View) {
                     m.remove(&key);
                 });
             }
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+            Err(e) => {
+                failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(|| e.to_string());
+                return;
+            }
         }
     }
 }

@@ -243,9 +243,9 @@ impl Mover<'_> {
     }
 
     /// The target's controllers, taken now and proven stopped before anything is created
-    /// there. The proof (the former leaders' lease duration) runs while clusterctl starts,
-    /// pauses the source and waits on handoff's block-move, and ends with the source's, right
-    /// before the lift: one Lease bound per move, not two in a row.
+    /// there. The proof (each former leader's end as the kubelet reports it, or its Lease's
+    /// bound) runs while clusterctl starts, pauses the source and waits on handoff's
+    /// block-move, and is checked with the source's, right before the lift.
     async fn stop_target(&mut self, seen: &Observed, proven_next: bool, fresh: bool) -> Result<()> {
         let p = phase(self.out, "stopping the target's controllers");
         // The source's standbys first, so that they come up while the target's do, and are
@@ -310,9 +310,7 @@ impl Mover<'_> {
         Ok(())
     }
 
-    /// The source's standbys now, while its controllers run (its stop, once clusterctl has
-    /// paused it, then only takes the Leases); then handoff's block-move on each source
-    /// Cluster, so that clusterctl's wait includes handoff's: recorded before written, so a run
+    /// handoff's block-move on each source Cluster, so that clusterctl's wait includes handoff's: recorded before written, so a run
     /// that dies after the write still lifts it.
     async fn hold(&mut self, add: &[String]) -> Result<()> {
         note(self.target, &self.opts.window, |m| {

@@ -75,7 +75,9 @@ pub async fn take_leases(
             }
             None => None,
         };
-        let lease = record_taken(c, opts, ch, &l.name, h, pod).await?;
+        let mut lease = record_taken(c, opts, ch, &l.name, h, pod).await?;
+        // Fixed now, so that the bound does not move on with the clock while `prove` waits.
+        lease.held_since.get_or_insert_with(now);
         let watch = match (&lease.former_pod, &lease.proof) {
             (Some(p), None) => Some(PodWatch::start(c, &ch.namespace, &p.name).await),
             _ => None,

@@ -43,6 +43,25 @@ fn ended(s: i64, ids: &[(&str, Option<&str>)]) -> PodReport {
             .iter()
             .map(|(id, r)| (id.to_string(), r.map(str::to_string)))
             .collect(),
+        running: vec![],
+    }
+}
+
+/// A report with instances running since `started` (seconds from the take-over).
+fn with_running(r: PodReport, started: &[i64]) -> PodReport {
+    match r {
+        PodReport::Status {
+            at: when,
+            uid,
+            ended,
+            ..
+        } => PodReport::Status {
+            at: when,
+            uid,
+            ended,
+            running: started.iter().map(|s| Some(at(*s))).collect(),
+        },
+        r => r,
     }
 }
 
@@ -98,6 +117,38 @@ fn an_in_place_restart_proves_the_instance_that_led_exited() {
         proof(&t, &[ended(12, &[(ID, Some("Error"))])], at(12)),
         Proof::Proven {
             at: at(12),
+            by: ProvenBy::Exited
+        }
+    );
+}
+
+#[test]
+fn an_end_beside_an_instance_running_since_before_the_take_over_proves_nothing() {
+    // The read right after the take-over lagged: it showed the old instance running while a
+    // newer one (which may have taken the Lease) already ran. The report that shows the old
+    // one ended shows the newer one running since before the take-over.
+    let p = pod(&[ID]);
+    let t = takeover(HOLDER, Some(&p));
+    waits(&proof(
+        &t,
+        &[with_running(ended(3, &[(ID, Some("Error"))]), &[-2])],
+        at(3),
+    ));
+    // Started 4 s after it: within the clocks' margin, so nothing either.
+    waits(&proof(
+        &t,
+        &[with_running(ended(6, &[(ID, Some("Error"))]), &[4])],
+        at(6),
+    ));
+    // Restarted well after the take-over (the leader noticed, exited, and came back): proven.
+    assert_eq!(
+        proof(
+            &t,
+            &[with_running(ended(14, &[(ID, Some("Error"))]), &[12])],
+            at(14)
+        ),
+        Proof::Proven {
+            at: at(14),
             by: ProvenBy::Exited
         }
     );
@@ -202,6 +253,7 @@ fn another_pod_of_the_same_name_proves_nothing() {
         at: at(2),
         uid: "another".into(),
         ended: vec![(ID.into(), None)],
+        running: vec![],
     };
     waits(&proof(&t, &[other], at(2)));
 }
@@ -238,6 +290,14 @@ fn the_take_over_records_the_instances_the_kubelet_reports_running() {
          "containerID": "containerd://old", "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
     ]));
     assert_eq!(former_pod(&waiting), None);
+    // One container running, another not: the leader may be where the report lags.
+    let half = k8s_pod(json!([
+        {"name": "manager", "image": "m", "imageID": "", "ready": false, "restartCount": 1,
+         "containerID": "containerd://old", "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
+        {"name": "proxy", "image": "p", "imageID": "", "ready": true, "restartCount": 0,
+         "containerID": "containerd://proxy", "state": {"running": {}}},
+    ]));
+    assert_eq!(former_pod(&half), None);
 }
 
 #[test]
@@ -259,6 +319,7 @@ fn a_report_lists_every_ended_instance_in_state_and_last_state() {
                 (ID.into(), Some("Completed".into())),
                 ("containerd://old".into(), Some("Error".into())),
             ],
+            running: vec![],
         }
     );
 }
