@@ -228,6 +228,15 @@ pub async fn read_window(c: &Cluster, name: &str) -> Result<Option<MoveWindow>> 
     Ok(w)
 }
 
+/// Each cluster's window `name`, as a driver reads them before its first step.
+pub async fn read_windows(clusters: &[Cluster], name: &str) -> Result<Vec<Option<MoveWindow>>> {
+    let mut windows = Vec::new();
+    for c in clusters {
+        windows.push(read_window(c, name).await?);
+    }
+    Ok(windows)
+}
+
 /// Set `spec.state`.
 pub async fn set_state(c: &Cluster, name: &str, state: WindowState) -> Result<()> {
     let w = Api::<MoveWindow>::all(c.client.clone())

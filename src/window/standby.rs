@@ -80,27 +80,37 @@ pub async fn ready_pods(c: &Cluster, ns: &str, name: &str) -> Result<Option<i32>
     })
 }
 
+/// Pod `ns/name`, where it is one of `deployment`'s (by its owner, `plan::owned_by_deployment`).
+pub async fn deployment_pod(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    deployment: &str,
+) -> Result<Option<Pod>> {
+    let p = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(api_err(c, format!("reading Pod {ns}/{name}")))?;
+    Ok(p.filter(|p| {
+        let owners: Vec<(String, String)> = p
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| (o.kind.clone(), o.name.clone()))
+            .collect();
+        super::plan::owned_by_deployment(name, &owners, deployment)
+    }))
+}
+
 /// Delete a pod of `deployment` (gracefully: its own termination grace period), checked by
 /// its owner; `false` where it is gone, terminating already, or not the Deployment's.
 pub async fn delete_pod(c: &Cluster, ns: &str, pod: &str, deployment: &str) -> Result<bool> {
     let api = Api::<Pod>::namespaced(c.client.clone(), ns);
-    let Some(p) = api
-        .get_opt(pod)
-        .await
-        .map_err(api_err(c, format!("reading Pod {ns}/{pod}")))?
-    else {
+    let Some(p) = deployment_pod(c, ns, pod, deployment).await? else {
         return Ok(false);
     };
-    let owners: Vec<(String, String)> = p
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .map(|o| (o.kind.clone(), o.name.clone()))
-        .collect();
-    if p.metadata.deletion_timestamp.is_some()
-        || !super::plan::owned_by_deployment(pod, &owners, deployment)
-    {
+    if p.metadata.deletion_timestamp.is_some() {
         return Ok(false);
     }
     match api.delete(pod, &DeleteParams::default()).await {

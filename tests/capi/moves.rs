@@ -108,15 +108,17 @@ fn a_lease_taken_back_stops_the_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str
     // A provider's own block-move on the source's DevCluster holds handoff before it stops
     // the source (it waits for the providers to lift theirs), so the Lease below is taken
     // back while the target is held and before the proof, whatever the machine's speed.
-    let blocker = format!("{BLOCK_MOVE}=test-holds-the-source");
-    from.ok(&[
-        "-n",
-        ns,
-        "annotate",
-        "devclusters.infrastructure.cluster.x-k8s.io",
-        "--all",
-        &blocker,
-    ]);
+    let annotate = |change: &str| {
+        from.ok(&[
+            "-n",
+            ns,
+            "annotate",
+            "devclusters.infrastructure.cluster.x-k8s.io",
+            "--all",
+            change,
+        ])
+    };
+    annotate(&format!("{BLOCK_MOVE}=test-holds-the-source"));
     let mut child = move_command(rig, from, to, ns)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -161,15 +163,7 @@ fn a_lease_taken_back_stops_the_move(rig: &Rig, from: &Mgmt, to: &Mgmt, ns: &str
                 .map(str::to_string)
         },
     );
-    let unblock = format!("{BLOCK_MOVE}-");
-    from.ok(&[
-        "-n",
-        ns,
-        "annotate",
-        "devclusters.infrastructure.cluster.x-k8s.io",
-        "--all",
-        &unblock,
-    ]);
+    annotate(&format!("{BLOCK_MOVE}-"));
     let out = child.wait_with_output().expect("handoff move");
     let log = text(&out.stdout) + &text(&out.stderr);
     eprintln!("a handoff move with a Lease taken back:\n{log}");

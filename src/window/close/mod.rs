@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::common::now;
 use super::common::{
-    Cluster, Result, WindowError, api_err, labels, read_window, record, set_state,
+    Cluster, Result, WindowError, api_err, labels, read_windows, record, set_state,
 };
 use super::lease;
 use super::window_next::{CloseRun, CloseStep, Seen, next_close};
@@ -70,13 +70,10 @@ pub async fn close(
     let mut k = Closer {
         clusters,
         opts,
-        windows: Vec::new(),
+        windows: read_windows(clusters, &opts.name).await?,
         status: vec![None; clusters.len()],
         restored: Vec::new(),
     };
-    for c in clusters {
-        k.windows.push(read_window(c, &opts.name).await?);
-    }
     let seen: Vec<Seen> = k.windows.iter().map(|w| Seen::of(w.as_ref())).collect();
     let mut run = CloseRun::default();
     loop {

@@ -5,10 +5,7 @@ use crate::window::progress::Progress;
 
 use k8s_openapi::jiff::Timestamp;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
-
-use super::super::common::{Cluster, Result, api_err, now, record};
+use super::super::common::{Cluster, Result, now, record};
 use super::super::lease;
 use super::super::plan;
 use super::super::pod_watch::PodWatch;
@@ -112,21 +109,8 @@ async fn former_pod(
     else {
         return Ok(None);
     };
-    let pod = Api::<Pod>::namespaced(c.client.clone(), ns)
-        .get_opt(name)
-        .await
-        .map_err(api_err(c, format!("reading Pod {ns}/{name}")))?;
-    Ok(pod
-        .filter(|p| {
-            let owners: Vec<(String, String)> = p
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .map(|o| (o.kind.clone(), o.name.clone()))
-                .collect();
-            plan::owned_by_deployment(name, &owners, deployment)
-        })
+    Ok(standby::deployment_pod(c, ns, name, deployment)
+        .await?
         .and_then(|p| proof::former_pod(&p)))
 }
 

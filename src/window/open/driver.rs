@@ -4,7 +4,7 @@
 
 use tokio::time::Instant;
 
-use super::super::common::{Cluster, Result, WindowError, read_window, record};
+use super::super::common::{Cluster, Result, WindowError, read_windows, record};
 use super::super::lease;
 use super::super::plan;
 use super::super::window_next::{OpenStep, Seen, next_open};
@@ -60,16 +60,13 @@ async fn drive(
     let mut o = Opener {
         clusters,
         opts,
-        windows: Vec::new(),
+        windows: read_windows(clusters, &opts.name).await?,
         chosen: Vec::new(),
         operators: Vec::new(),
         opened: Vec::new(),
         taken: Vec::new(),
         started: Instant::now(),
     };
-    for c in clusters {
-        o.windows.push(read_window(c, &opts.name).await?);
-    }
     let seen: Vec<Seen> = o.windows.iter().map(|w| Seen::of(w.as_ref())).collect();
     let mut performed = Vec::new();
     loop {
