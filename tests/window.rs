@@ -339,6 +339,7 @@ fn close_opts() -> CloseOptions {
         poll: Duration::from_millis(20),
         settle: Duration::from_millis(100),
         lead_timeout: Duration::from_secs(5),
+        wait_leading: true,
     }
 }
 

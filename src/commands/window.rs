@@ -122,6 +122,7 @@ async fn window_command(
                 poll: handoff::window::CLOSE_POLL,
                 settle: handoff::window::CLOSE_SETTLE,
                 lead_timeout,
+                wait_leading: true,
             };
             ops::close(&ordered, &opts, &mut out).await?;
         }
@@ -194,6 +195,7 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
             poll: handoff::window::CLOSE_POLL,
             settle: handoff::window::CLOSE_SETTLE,
             lead_timeout: a.lead_timeout,
+            wait_leading: true,
         },
         poll: handoff::window::MOVE_POLL,
         step_label: label.clone(),

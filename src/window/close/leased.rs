@@ -211,7 +211,7 @@ async fn wait_leading(
         Some(0) => Some("runs 0 replicas: no pod can lead".to_string()),
         Some(_) => None,
     };
-    let waits = gone.is_none();
+    let waits = gone.is_none() && opts.wait_leading;
     let note = match (gone, r.taken_back.is_empty()) {
         (Some(n), _) => Some(n),
         (None, false) => Some(r.taken_back.join("; ")),
@@ -239,7 +239,10 @@ async fn wait_leading(
             e.restored_at = Some(now());
             e.note = note.clone();
         }
-        s.last_step = Some(format!("{what} leads again"));
+        s.last_step = Some(match waits {
+            true => format!("{what} leads again"),
+            false => format!("{what} released"),
+        });
     })
     .await?;
     let pods: Vec<&str> = leaders.iter().map(|(_, p)| p.as_str()).collect();
@@ -247,7 +250,13 @@ async fn wait_leading(
         (Some(n), false) => {
             out.say(format!("{}: released {what}: {n}", c.label));
         }
-        _ => {
+        (None, false) => {
+            out.say(format!(
+                "{}: released {what}: a pod of it leads at its next try (not waited for)",
+                c.label
+            ));
+        }
+        (_, true) => {
             out.say(format!(
                 "{}: {what} leads again ({}) after {:.1}s",
                 c.label,

@@ -35,6 +35,10 @@ pub struct CloseOptions {
     pub settle: Duration,
     /// How long a released Lease may stay without a pod of its Deployment leading.
     pub lead_timeout: Duration,
+    /// Wait until a pod leads each released Lease. `handoff move` does not for the source:
+    /// the target leads already, and nothing of the move waits on the source's candidates
+    /// (they take the free Lease at their next try, as after any release).
+    pub wait_leading: bool,
 }
 
 /// What `close` did to one Deployment.

@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::super::close::{Restored, close};
+use super::super::close::{CloseOptions, Restored, close};
 use super::super::common::{Cluster, Result, read_window};
 use super::super::move_plan::{self, PAUSED_ANNOTATION};
 use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in};
@@ -79,20 +79,32 @@ pub async fn unpause_what_clusterctl_paused(
 }
 
 /// Close one cluster's window (one that has none is skipped: an `--abort` of a move that never
-/// opened it), and record when its controllers first ran again: a re-run that finds it
-/// restored keeps it.
+/// opened it), and record when its controllers were first released again: a re-run that
+/// finds it restored keeps it. `wait_leading`: wait until a pod leads each released Lease.
 pub async fn restore_one(
     c: &Cluster,
     target: &Cluster,
     opts: &MoveOptions,
+    wait_leading: bool,
     restored: &mut Vec<Restored>,
     out: &mut Progress,
 ) -> Result<()> {
     let p = phase(out, &format!("restoring the {}'s controllers", c.label));
     if read_window(c, &opts.window).await?.is_some() {
-        restored.extend(close(std::slice::from_ref(c), &opts.close, out).await?);
+        let close_opts = CloseOptions {
+            wait_leading,
+            ..opts.close.clone()
+        };
+        restored.extend(close(std::slice::from_ref(c), &close_opts, out).await?);
     }
-    p.done(out, &format!("the {}'s controllers run again", c.label));
+    let done = match wait_leading {
+        true => format!("the {}'s controllers run again", c.label),
+        false => format!(
+            "the {}'s controllers are released: each leads at its candidates' next try",
+            c.label
+        ),
+    };
+    p.done(out, &done);
     let at = Timestamp::now().to_string();
     let role = c.role;
     note(target, &opts.window, |m| {
@@ -128,6 +140,9 @@ pub async fn report_done(
     for r in restored {
         let how = match (&r.leader, r.strategy) {
             (Some(pod), _) => format!("Lease released, {pod} leads"),
+            (None, Strategy::Lease) if r.note.is_none() => {
+                "Lease released, a pod leads at its next try".into()
+            }
             (None, Strategy::Lease) => "Lease released".into(),
             (None, _) => format!("restored to {} replicas", r.replicas),
         };

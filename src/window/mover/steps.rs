@@ -48,7 +48,11 @@ impl Mover<'_> {
             Step::Restore(role) => {
                 let c = self.cluster(*role).clone();
                 let (target, opts) = (self.target, self.opts);
-                restore_one(&c, target, opts, &mut self.restored, self.out).await
+                // A finished move does not wait for the source's candidates: the target
+                // leads already, and nothing of the move waits on them. An `--abort` waits
+                // for every cluster (the source owns the namespace again).
+                let lead = *role != MoveRole::Source || run.aborting;
+                restore_one(&c, target, opts, lead, &mut self.restored, self.out).await
             }
             Step::Finish => {
                 report_done(
