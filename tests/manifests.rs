@@ -587,7 +587,9 @@ fn check_webhooks(r: &Rendered, endpoint: &Endpoint) {
             w.name
         );
     }
-    assert_eq!(deployments.failure_policy.as_deref(), Some("Fail"));
+    // Installed for good, nothing fails closed for a Deployment outside a window: an open
+    // window's own configuration does (`window_webhook`, tests/outage.rs).
+    assert_eq!(deployments.failure_policy.as_deref(), Some("Ignore"));
     assert_eq!(
         deployments.rules.as_ref().unwrap()[0].operations,
         Some(s(&["CREATE", "UPDATE"]))
@@ -754,6 +756,26 @@ fn check_in_cluster(r: &Rendered) {
         (
             "admissionregistration.k8s.io",
             "mutatingadmissionpolicybindings",
+            "delete",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            "get",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            "create",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            "patch",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
             "delete",
         ),
         ("authentication.k8s.io", "selfsubjectreviews", "create"),

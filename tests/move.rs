@@ -211,6 +211,17 @@ fn nothing_left(m: &Mgmt, ns: &str) {
     for w in m.get(&["movewindows"])["items"].as_array().unwrap() {
         assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", m.label);
     }
+    for c in m.get(&["mutatingwebhookconfigurations"])["items"]
+        .as_array()
+        .unwrap()
+    {
+        let name = c["metadata"]["name"].as_str().unwrap_or("");
+        assert!(
+            !name.starts_with("handoff-window-"),
+            "{}: {name} outlived its window",
+            m.label
+        );
+    }
     // Every standby gone: each provider at its own count.
     for p in &m.providers {
         assert_eq!(

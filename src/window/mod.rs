@@ -22,6 +22,7 @@ mod standby;
 mod status;
 pub mod user_agent;
 pub mod window_next;
+pub mod window_webhook;
 
 pub use close::{CLOSE_POLL, CLOSE_SETTLE, CloseOptions, Restored, close};
 pub use common::{Cluster, Finding, WindowError};

@@ -372,6 +372,18 @@ impl Mgmt {
         for w in self.get(&["movewindows"])["items"].as_array().unwrap() {
             assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", self.name);
         }
+        // No window's own webhook configuration outlives it.
+        for c in self.get(&["mutatingwebhookconfigurations"])["items"]
+            .as_array()
+            .unwrap()
+        {
+            let name = c["metadata"]["name"].as_str().unwrap_or("");
+            assert!(
+                !name.starts_with("handoff-window-"),
+                "{}: {name}",
+                self.name
+            );
+        }
         for c in self.get(&["-n", ns, "clusters.cluster.x-k8s.io"])["items"]
             .as_array()
             .unwrap()

@@ -194,6 +194,20 @@ async fn mark_closed(
             c.label, opts.name
         ));
     }
+    // Gone before the restores, which must pass even while handoff is down.
+    if super::window_webhook::remove(&c.client, &opts.name)
+        .await
+        .map_err(api_err(
+            c,
+            format!("removing MoveWindow {}'s webhook configuration", opts.name),
+        ))?
+    {
+        out.detail(format!(
+            "{}: removed MutatingWebhookConfiguration {}",
+            c.label,
+            super::window_webhook::name(&opts.name)
+        ));
+    }
     let status = record(c, &opts.name, |s| {
         if !closed_before {
             s.phase = Some(WindowPhase::Closing);
@@ -215,6 +229,21 @@ async fn close_deleted(
     opts: &CloseOptions,
     out: &mut Progress,
 ) -> Result<Option<Vec<Restored>>> {
+    // Its owner's garbage collector removes it too, where one runs.
+    if super::window_webhook::remove(&c.client, &opts.name)
+        .await
+        .map_err(api_err(
+            c,
+            format!("removing MoveWindow {}'s webhook configuration", opts.name),
+        ))?
+    {
+        out.say(format!(
+            "{}: there is no MoveWindow {} any more; removed its MutatingWebhookConfiguration {}",
+            c.label,
+            opts.name,
+            super::window_webhook::name(&opts.name)
+        ));
+    }
     let orphans = lease::held_anywhere(c, &opts.name, out).await?;
     if orphans.is_empty() {
         out.say(format!(

@@ -100,8 +100,13 @@ impl Opener<'_> {
         let c = &self.clusters[i];
         let ((_, _, choices), _) = &self.chosen[i];
         let leased: Vec<PinnedDeployment> = choices.iter().filter_map(leased_record).collect();
+        let scaled: Vec<(String, String)> = choices
+            .iter()
+            .filter(|ch| matches!(ch.plan, Stop::Scale(_)))
+            .map(|ch| (ch.namespace.clone(), ch.name.clone()))
+            .collect();
         let window = self.windows[i].take();
-        let opened = ensure_open(c, self.opts, window, fresh, &leased, out).await?;
+        let opened = ensure_open(c, self.opts, window, fresh, &leased, &scaled, out).await?;
         if let Some(op) = &self.operators[i] {
             record(c, &self.opts.name, |s| {
                 s.operator = Some(op.clone());

@@ -23,6 +23,7 @@ use super::lease;
 use super::plan;
 use super::preflight::{self, preflight};
 use super::standby;
+use super::window_webhook;
 use crate::resources::move_window::{
     MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, StopPolicy, Strategy,
     WindowState,
@@ -69,6 +70,7 @@ async fn ensure_open(
     window: Option<MoveWindow>,
     fresh: bool,
     leased: &[PinnedDeployment],
+    scaled: &[(String, String)],
     out: &mut Progress,
 ) -> Result<(bool, MoveWindowStatus)> {
     // `checked` refused an existing window whose selector or stop policy the flags contradict.
@@ -99,6 +101,29 @@ async fn ensure_open(
         }
     })
     .await?;
+    let labels = spec
+        .deployment_selector
+        .clone()
+        .unwrap_or_else(crate::resources::move_window::default_deployment_selector);
+    // Before the window opens: from then on what it stops fails closed at the API server,
+    // and only that (`window_webhook`).
+    if window_webhook::put(&c.client, &opts.name, &labels, scaled)
+        .await
+        .map_err(api_err(
+            c,
+            format!("writing MoveWindow {}'s webhook configuration", opts.name),
+        ))?
+    {
+        out.detail(format!(
+            "{}: MutatingWebhookConfiguration {}: the Deployments it selects{} fail closed while it is open",
+            c.label,
+            window_webhook::name(&opts.name),
+            match scaled.is_empty() {
+                true => "",
+                false => " and the scale of those it pins",
+            }
+        ));
+    }
     if !was_open {
         set_state(c, &opts.name, WindowState::Open).await?;
         out.say(format!("{}: MoveWindow {} is Open", c.label, opts.name));
@@ -109,10 +134,6 @@ async fn ensure_open(
         .await
         .map_err(api_err(c, "reading the MutatingAdmissionPolicy"))?;
     if bound {
-        let labels = spec
-            .deployment_selector
-            .clone()
-            .unwrap_or_else(crate::resources::move_window::default_deployment_selector);
         crate::admission_policy::apply::bind_window(&c.client, &opts.name, &labels)
             .await
             .map_err(api_err(
