@@ -223,7 +223,8 @@ pub enum WindowCommand {
         progress: ProgressArgs,
     },
     /// Close the MoveWindow, then restore every pinned Deployment and release every held
-    /// Lease, waiting until each controller runs or leads again (target first, then source).
+    /// Lease, waiting until each controller runs or leads again (target first, then source);
+    /// then remove what the window brought along where nothing of handoff was installed.
     Close {
         /// The MoveWindow to close.
         name: String,

@@ -935,9 +935,12 @@ fn warn_audit_and_break_glass_as_users_meet_them_and_back_to_enforce_without_a_r
         1,
         "the exempt scale went through"
     );
+    // Counted per call: an exempt scale-up meets both entries that match it, the installed
+    // one (which fails open) and the window's own (`handoff-window-<name>`, which fails
+    // closed); a pinned one meets only the first, since the second skips a scale to 0.
     assert!(
         http_get(handoff.metrics_port, "/metrics").is_some_and(
-            |(_, m)| m.contains("handoff_exempt_requests_total{webhook=\"move-window\"} 1")
+            |(_, m)| m.contains("handoff_exempt_requests_total{webhook=\"move-window\"} 2")
         ),
         "exempt counter"
     );

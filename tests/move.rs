@@ -424,6 +424,7 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
             "RestoreTarget",
             "RestoreSource",
             "Finish",
+            "Uninstall",
             "Done"
         ],
         "{log}"

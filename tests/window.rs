@@ -114,6 +114,7 @@ fn resource(api_version: &str, kind: &str) -> (ApiResource, bool) {
         "MutatingWebhookConfiguration" => ("mutatingwebhookconfigurations", false),
         "CustomResourceDefinition" => ("customresourcedefinitions", false),
         "MoveWindow" => ("movewindows", false),
+        "MutatingAdmissionPolicyBinding" => ("mutatingadmissionpolicybindings", false),
         other => panic!("no plural for {other}"),
     };
     let gvk = GroupVersionKind::gvk(group, version, kind);
@@ -340,6 +341,7 @@ fn close_opts() -> CloseOptions {
         settle: Duration::from_millis(100),
         lead_timeout: Duration::from_secs(5),
         wait_leading: true,
+        uninstall: true,
     }
 }
 
@@ -634,7 +636,23 @@ async fn missing_or_unreadable_annotations_are_reported_and_fall_back() {
     ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();
-    // Someone wrote garbage into one annotation.
+    // Someone took the pin the window brought away (nothing of handoff is installed here)
+    // and wrote garbage into one annotation.
+    for b in [
+        "handoff-window-capi-move-pin",
+        "handoff-window-capi-move-pin-scale",
+    ] {
+        dynamic(
+            &e.admin,
+            "admissionregistration.k8s.io/v1",
+            "MutatingAdmissionPolicyBinding",
+            None,
+        )
+        .delete(b, &DeleteParams::default())
+        .await
+        .expect("delete the window's pin binding");
+    }
+    wait_unpinned(&e, "capi-system", "capi-controller-manager").await;
     Api::<Deployment>::namespaced(e.admin.clone(), "capi-system")
         .patch(
             "capi-controller-manager",
@@ -1063,4 +1081,25 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
         repinned as usize + 1,
         "close restored {restores} times, the stale replica pinned {repinned} times"
     );
+}
+
+/// Until the API server no longer pins the Deployment (its policy cache follows a binding's
+/// delete by a moment): a server-side dry run asking for 1 replica keeps it.
+async fn wait_unpinned(e: &Env, ns: &str, name: &str) {
+    let api = Api::<Deployment>::namespaced(e.admin.clone(), ns);
+    let dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    for _ in 0..600 {
+        let d = api
+            .patch(name, &dry, &Patch::Merge(json!({"spec": {"replicas": 1}})))
+            .await
+            .expect("dry run");
+        if d.spec.and_then(|s| s.replicas) == Some(1) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{ns}/{name} still pinned a minute after its binding was deleted");
 }

@@ -93,7 +93,7 @@ pub async fn apply(client: &kube::Client, obj: &Value) -> Result<(), kube::Error
 }
 
 /// Delete if present; `true` when something was deleted.
-async fn delete(client: &kube::Client, obj: &Value) -> Result<bool, kube::Error> {
+pub async fn delete(client: &kube::Client, obj: &Value) -> Result<bool, kube::Error> {
     let (api, name) = api_for(client, obj);
     match api.delete(&name, &DeleteParams::default()).await {
         Ok(_) => Ok(true),

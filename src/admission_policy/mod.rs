@@ -24,6 +24,7 @@ mod cel;
 mod directory;
 mod guard;
 mod lease_hold;
+pub mod per_window;
 mod pin;
 
 pub use cel::{cel_selector, cel_str, validation_actions};

@@ -123,6 +123,7 @@ async fn window_command(
                 settle: handoff::window::CLOSE_SETTLE,
                 lead_timeout,
                 wait_leading: true,
+                uninstall: true,
             };
             ops::close(&ordered, &opts, &mut out).await?;
         }
@@ -196,6 +197,7 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
             settle: handoff::window::CLOSE_SETTLE,
             lead_timeout: a.lead_timeout,
             wait_leading: true,
+            uninstall: false,
         },
         poll: handoff::window::MOVE_POLL,
         step_label: label.clone(),

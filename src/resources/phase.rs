@@ -201,6 +201,9 @@ mod tests {
             MovePhase::StoppingSource,
             MovePhase::Copying,
             MovePhase::Restoring,
+            // Where a window brought along what it needed, the move removes it after it
+            // recorded itself done.
+            MovePhase::Done,
         ];
         assert_eq!(rows, run.iter().map(MovePhase::as_str).collect::<Vec<_>>());
     }

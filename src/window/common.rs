@@ -217,10 +217,13 @@ pub async fn selected_deployments(
 
 /// The window `name`, if it exists.
 pub async fn read_window(c: &Cluster, name: &str) -> Result<Option<MoveWindow>> {
-    let w = Api::<MoveWindow>::all(c.client.clone())
-        .get_opt(name)
-        .await
-        .map_err(api_err(c, format!("reading MoveWindow {name}")))?;
+    let w = match Api::<MoveWindow>::all(c.client.clone()).get(name).await {
+        Ok(w) => Some(w),
+        // No such window, or no MoveWindow CRD at all (nothing of handoff installed: the
+        // window brings it, `installed::ensure_crd`).
+        Err(kube::Error::Api(e)) if e.code == 404 => None,
+        Err(e) => return Err(api_err(c, format!("reading MoveWindow {name}"))(e)),
+    };
     match &w {
         Some(w) => c.written.put(w),
         None => c.written.forget(name),

@@ -8,6 +8,7 @@
 
 mod close;
 mod common;
+pub mod installed;
 mod lease;
 pub mod move_next;
 pub mod move_plan;

@@ -7,6 +7,7 @@
 
 use super::move_plan::{self, ClusterSeen, PAUSED_ANNOTATION, Start, StartError, abort_refused};
 use crate::resources::move_window::{MoveRecord, MoveRole};
+use crate::resources::phase::MovePhase;
 
 /// What the user asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,6 +67,8 @@ pub struct Run {
     pub restored: Vec<MoveRole>,
     pub aborting: bool,
     pub finished: bool,
+    /// What the windows brought along removed (`installed::remove`).
+    pub uninstalled: bool,
 }
 
 /// One step of a move or of its `--abort`; each is performed by one function of the driver.
@@ -108,6 +111,10 @@ pub enum Step {
     BeginAbort,
     /// Record the `--abort` done and report what clusterctl left behind.
     Aborted,
+    /// Remove what the windows brought along where nothing of handoff was installed (their
+    /// policies, the windows, the MoveWindow CRD where no other window uses it); nothing
+    /// where an admin installed handoff.
+    Uninstall,
     /// Nothing left to do.
     Done,
 }
@@ -134,6 +141,7 @@ impl Step {
             Step::Finish => "Finish",
             Step::BeginAbort => "BeginAbort",
             Step::Aborted => "Aborted",
+            Step::Uninstall => "Uninstall",
             Step::Done => "Done",
         }
     }
@@ -165,6 +173,7 @@ impl Run {
             Step::Restore(role) => self.restored.push(*role),
             Step::BeginAbort => self.aborting = true,
             Step::Finish | Step::Aborted => self.finished = true,
+            Step::Uninstall => self.uninstalled = true,
             Step::RunClusterctl | Step::Refuse { .. } | Step::Fail | Step::Done => {}
         }
     }
@@ -185,8 +194,14 @@ pub fn namespace(asked: &Asked, record: Option<&MoveRecord>) -> String {
 /// kind) only where a recorded move is picked up.
 pub fn reads(asked: &Asked, record: Option<&MoveRecord>, run: &Run) -> (bool, bool) {
     let picking_up = run.began.is_none() && record.is_some_and(|r| !r.phase.is_over());
-    let clusters =
-        picking_up || (!asked.abort && run.began.is_some() && !run.target_taken && !run.copied);
+    // A move recorded done: whether it is done indeed (`Start::Tidy`).
+    let done = run.began.is_none()
+        && record.is_some_and(|r| {
+            r.phase == MovePhase::Done && (asked.abort || r.namespace == asked.namespace)
+        });
+    let clusters = picking_up
+        || done
+        || (!asked.abort && run.began.is_some() && !run.target_taken && !run.copied);
     (clusters, picking_up)
 }
 
@@ -200,10 +215,16 @@ fn refuse(cluster: MoveRole, message: impl ToString) -> Step {
 /// The one next step.
 pub fn next(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed, run: &Run) -> Step {
     match (&run.began, asked.abort) {
+        // Moved already, with or without --abort: nothing to undo, what is left removed.
+        (Some(Start::Tidy), _) => match run.uninstalled {
+            false => Step::Uninstall,
+            true => Step::Done,
+        },
         (None, false) => begin(asked, record, seen),
         (None, true) => begin_abort(asked, record, seen),
         (Some(_), true) => next_abort(record, run),
         (Some(start), false) => match start {
+            Start::Tidy => Step::Done,
             Start::RestoreOnly | Start::FinishTarget => next_restore(start, record, seen, run),
             Start::Fresh | Start::Resume | Start::ResumeStopped => {
                 next_move(asked, start, seen, run)
@@ -226,6 +247,13 @@ fn begin(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> Step {
                 seen.deleting,
             ))
         }
+        Ok(Start::Fresh)
+            if record.is_some_and(|r| {
+                move_plan::moved_already(r, &asked.namespace, &seen.source, &seen.target)
+            }) =>
+        {
+            Step::Begin(Start::Tidy)
+        }
         Ok(s) => Step::Begin(s),
     }
 }
@@ -236,6 +264,9 @@ fn begin_abort(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> S
     let Some(r) = record else {
         return Step::Begin(Start::Fresh);
     };
+    if move_plan::moved_already(r, &r.namespace, &seen.source, &seen.target) {
+        return Step::Begin(Start::Tidy);
+    }
     let start = match move_plan::start(Some(r), &asked.window, &r.namespace) {
         Ok(Start::Resume) | Err(StartError::AbortUnfinished { .. }) => {
             move_plan::resume(r, &seen.source, &seen.target, seen.deleting)
@@ -265,8 +296,9 @@ fn next_abort(record: Option<&MoveRecord>, run: &Run) -> Step {
 fn bring_back(order: [MoveRole; 2], last: Step, run: &Run) -> Step {
     match order.into_iter().find(|role| !run.restored.contains(role)) {
         Some(role) => Step::Restore(role),
-        None if run.finished => Step::Done,
-        None => last,
+        None if !run.finished => last,
+        None if !run.uninstalled => Step::Uninstall,
+        None => Step::Done,
     }
 }
 

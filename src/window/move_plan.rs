@@ -58,6 +58,10 @@ pub enum Start {
     FinishTarget,
     /// clusterctl succeeded and the restore did not finish: restore only.
     RestoreOnly,
+    /// The move of this namespace is recorded done and its Clusters are all in the target
+    /// and gone from the source, but what its windows brought along may be left (a run that
+    /// died while removing it): remove it, and move nothing.
+    Tidy,
 }
 
 /// Why a run may not start from what the target's window recorded.
@@ -107,6 +111,27 @@ pub fn start(
     })
 }
 
+/// A move recorded done whose Clusters are all in the target and none in the source: the
+/// same command again has nothing left to move (`Start::Tidy`).
+pub fn moved_already(
+    record: &MoveRecord,
+    namespace: &str,
+    source: &[ClusterSeen],
+    target: &[ClusterSeen],
+) -> bool {
+    record.phase == MovePhase::Done
+        && record.namespace == namespace
+        && !record.clusters.is_empty()
+        && record
+            .clusters
+            .iter()
+            .all(|k| target.iter().any(|c| &c.key == k))
+        && !record
+            .clusters
+            .iter()
+            .any(|k| source.iter().any(|c| &c.key == k))
+}
+
 /// A resumed move, refined by what the clusters hold now: whether clusterctl had begun deleting
 /// from the source (an object marked `delete-for-move` or being deleted, or a Cluster of the
 /// move's start gone from the source and present in the target).
@@ -141,7 +166,7 @@ pub fn abort_refused(start: &Start, namespace: &str) -> Option<String> {
         Start::ResumeStopped => "clusterctl had begun deleting it from the source",
         Start::FinishTarget => "clusterctl had copied it and deleted it from the source",
         Start::RestoreOnly => "clusterctl had moved it",
-        Start::Fresh | Start::Resume => return None,
+        Start::Fresh | Start::Resume | Start::Tidy => return None,
     };
     Some(format!(
         "cannot abort the move of namespace {namespace}: {what}, so an abort cannot put it back (the source's controllers would re-create what was deleted); run the same command without --abort to finish the move (if the target cannot take it, `handoff window close` on each cluster restores the controllers by hand)"

@@ -76,13 +76,15 @@ pub async fn status(
     for c in clusters {
         let windows = match name {
             Some(n) => read_window(c, n).await?.into_iter().collect::<Vec<_>>(),
-            None => {
-                Api::<MoveWindow>::all(c.client.clone())
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(api_err(c, "listing MoveWindows"))?
-                    .items
-            }
+            None => match Api::<MoveWindow>::all(c.client.clone())
+                .list(&ListParams::default())
+                .await
+            {
+                Ok(l) => l.items,
+                // No MoveWindow CRD: nothing of handoff installed, and no window open.
+                Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+                Err(e) => return Err(api_err(c, "listing MoveWindows")(e)),
+            },
         };
         for w in windows {
             views.push(window_report(c, &w, own).await?);

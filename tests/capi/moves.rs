@@ -330,28 +330,15 @@ fn check_move(
         );
     }
     // Every former leader was a Pod handoff deleted (a standby was Ready), so each is proven
-    // stopped by the kubelet's report of its end, not by its Lease's bound; the windows
-    // record it and the output says it, once per Lease.
-    for m in [dst, src] {
-        let windows = m.get(&["movewindows"]);
-        let mut proofs = Vec::new();
-        for w in windows["items"].as_array().unwrap() {
-            for p in w["status"]["pinned"].as_array().into_iter().flatten() {
-                for l in p["leases"].as_array().into_iter().flatten() {
-                    proofs.push((
-                        format!("{}/{}", p["namespace"].as_str().unwrap_or(""), l["name"]),
-                        l["proof"].clone(),
-                    ));
-                }
-            }
-        }
-        assert_eq!(proofs.len(), PROVIDERS.len(), "{}: {proofs:#?}", m.name);
-        for (lease, proof) in &proofs {
-            assert_eq!(
-                proof["by"], "Exited",
-                "{}: Lease {lease} proven by {proof}, not by its leader's end:\n{log}",
-                m.name
+    // stopped by the kubelet's report of its end, not by its Lease's bound: the output says
+    // it for each Lease of each cluster (the windows that recorded it are gone with the move:
+    // nothing of handoff was installed).
+    for label in ["target", "source"] {
+        for (ns, dep, lease) in PROVIDERS {
+            let said = format!(
+                "{label}: {ns}/{dep}: Lease {lease}: its leader exited, reported by the kubelet"
             );
+            assert!(log.contains(&said), "{said:?} missing:\n{log}");
         }
     }
     assert_eq!(
@@ -449,6 +436,7 @@ fn check_move(
     );
     for m in [src, dst] {
         m.nothing_of_handoff_left(ns);
+        m.nothing_of_handoff_at_all();
     }
     Moved {
         took: ended - started,
@@ -490,13 +478,13 @@ fn handoff_move_with_the_real_clusterctl_and_providers() {
     let dir = tempfile::tempdir().expect("temp dir");
     // The shipped leader-election settings and the kubelet's restart back-off (10 s, doubling).
     let mut clusters = rig.up(dir.path(), &["src", "dst"], &[]);
-    let mut dst = clusters.pop().unwrap();
-    let mut src = clusters.pop().unwrap();
+    let dst = clusters.pop().unwrap();
+    let src = clusters.pop().unwrap();
     // Two workload clusters: ns1 for handoff move, ns2 for a plain clusterctl move.
     let w1 = provision(&rig, &src, "ns1", "wl1");
     let w2 = provision(&rig, &src, "ns2", "wl2");
-    src.register_handoff();
-    dst.register_handoff();
+    // Nothing of handoff is installed in either cluster: each window brings what it needs
+    // (the MoveWindow CRD, its own held-Lease guard) and takes it away again.
     for (w, name) in [(w1, "ns1/wl1"), (w2, "ns2/wl2")] {
         let out = w.wait_with_output().expect("workload.sh");
         assert!(

@@ -273,6 +273,44 @@ impl Mgmt {
         serde_json::from_str(&self.ok(&[&["get"], args, &["-o", "json"]].concat())).expect("json")
     }
 
+    /// Delete every MoveWindow, where the CRD is served (a window that brought it along takes
+    /// it away again, and the API server stops serving the kind as it goes).
+    pub fn delete_all_windows(&self) {
+        let out = self.kubectl(&["delete", "movewindows", "--all"]);
+        let why = text(&out.stderr);
+        assert!(
+            out.status.success() || why.contains("doesn't have a resource type"),
+            "{}: deleting every MoveWindow: {why}",
+            self.name
+        );
+    }
+
+    /// Nothing of handoff in this cluster, where nothing of it was installed: no MoveWindow
+    /// CRD, no admission policy, binding or webhook configuration of handoff's.
+    pub fn nothing_of_handoff_at_all(&self) {
+        let crds = self.ok(&["get", "crd", "-o", "name"]);
+        assert!(
+            !crds.contains("movewindows.handoff.dev"),
+            "{}: the MoveWindow CRD outlived the move",
+            self.name
+        );
+        for kind in [
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings",
+            "mutatingadmissionpolicies",
+            "mutatingadmissionpolicybindings",
+            "validatingwebhookconfigurations",
+            "mutatingwebhookconfigurations",
+        ] {
+            let left = self.ok(&["get", kind, "-o", "name"]);
+            assert!(
+                !left.contains("handoff"),
+                "{}: {kind} left: {left}",
+                self.name
+            );
+        }
+    }
+
     /// `handoff serve` for this cluster, registered with the project's `local` overlay (the
     /// MoveWindow CRD and the webhook configurations, pointed at it).
     pub fn register_handoff(&mut self) {
@@ -369,8 +407,12 @@ impl Mgmt {
                 );
             }
         }
-        for w in self.get(&["movewindows"])["items"].as_array().unwrap() {
-            assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", self.name);
+        // Where handoff was installed, its windows stay, closed; where a window brought the
+        // CRD, it took it away again (`nothing_of_handoff_at_all`).
+        if self.handoff.is_some() {
+            for w in self.get(&["movewindows"])["items"].as_array().unwrap() {
+                assert_eq!(w["spec"]["state"], "Closed", "{}: {w}", self.name);
+            }
         }
         // No window's own webhook configuration outlives it.
         for c in self.get(&["mutatingwebhookconfigurations"])["items"]

@@ -232,9 +232,11 @@ pub fn request_line<B>(req: &http::Request<B>) -> (http::Method, String, bool) {
         .uri()
         .path_and_query()
         .map_or("/".to_string(), |p| p.as_str().to_string());
+    // A server-side dry run (`dryRun=All`) changes nothing: no write to count, fail or kill
+    // before (`wait_policy_in_force` makes as many as the API server's policy cache needs).
     let write = matches!(
         method,
         http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
-    );
+    ) && !target.contains("dryRun=All");
     (method, target, write)
 }

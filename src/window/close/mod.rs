@@ -39,6 +39,9 @@ pub struct CloseOptions {
     /// the target leads already, and nothing of the move waits on the source's candidates
     /// (they take the free Lease at their next try, as after any release).
     pub wait_leading: bool,
+    /// Once every cluster's window is closed, remove what the window put in place itself
+    /// (`installed::remove`). `handoff move` does it once its record says the move is over.
+    pub uninstall: bool,
 }
 
 /// What `close` did to one Deployment.
@@ -104,7 +107,14 @@ pub async fn close(
                 Some(restored) => k.restored.extend(restored),
                 None => run.nothing_here.push(*i),
             },
-            CloseStep::Done => return Ok(k.restored),
+            CloseStep::Done => {
+                if opts.uninstall {
+                    for c in clusters {
+                        say_removed(c, &opts.name, out).await?;
+                    }
+                }
+                return Ok(k.restored);
+            }
         }
         run.performed.push(step);
     }
@@ -287,4 +297,17 @@ fn who(holder: &str) -> &str {
         "" => "nobody (written free by someone else)",
         h => h,
     }
+}
+
+/// Remove what the window put in place on `c` itself, and say what went.
+pub async fn say_removed(c: &Cluster, window: &str, out: &mut Progress) -> Result<()> {
+    let removed = super::installed::remove(c, window).await?;
+    if !removed.is_empty() {
+        out.say(format!(
+            "{}: removed what MoveWindow {window} brought: {}",
+            c.label,
+            removed.join(", ")
+        ));
+    }
+    Ok(())
 }

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::super::close::close;
+use super::super::close::{close, say_removed};
 use super::super::common::{Result, WindowError, now, read_window};
 use super::super::move_next::{Observed, Outcome, Run, Step};
 use super::super::move_plan::{self, BLOCK_MOVE, Start};
@@ -71,6 +71,13 @@ impl Mover<'_> {
                 .await
             }
             Step::Aborted => self.aborted(r.is_some()).await,
+            Step::Uninstall => {
+                // The source's first: the target's window holds the record until the last.
+                for c in [self.source, self.target] {
+                    say_removed(c, &self.opts.window, self.out).await?;
+                }
+                Ok(())
+            }
             Step::Done => Ok(()),
         }
         .map(|()| None)
@@ -91,6 +98,11 @@ impl Mover<'_> {
 
     fn begin_run(&mut self, start: &Start, r: Option<&MoveRecord>) -> Result<()> {
         let (ns, window) = (&self.ns, &self.opts.window);
+        if *start == Start::Tidy {
+            self.out.say(format!("handoff move: namespace {ns} was moved already (MoveWindow {window} records it done, and its Clusters are in the target only): nothing to {}; removing what the move brought along, if anything is left",
+                if self.opts.abort { "abort" } else { "move" }));
+            return Ok(());
+        }
         if self.opts.abort {
             match r {
                 Some(r) => {
@@ -116,6 +128,7 @@ impl Mover<'_> {
             Start::FinishTarget => {
                 self.out.say(format!("handoff move: every Cluster of namespace {ns} is in the target and gone from the source; unpausing the target's, as clusterctl's last step would, then restoring the controllers"));
             }
+            Start::Tidy => {}
             Start::Fresh | Start::Resume | Start::ResumeStopped => {}
         }
         Ok(())

@@ -19,6 +19,7 @@ use super::common::{
     Cluster, Result, WindowError, api_err, labels, now, pinned_mut, read_window, record, set_state,
     upsert_pinned,
 };
+use super::installed;
 use super::lease;
 use super::plan;
 use super::preflight::{self, preflight};
@@ -105,6 +106,22 @@ async fn ensure_open(
         .deployment_selector
         .clone()
         .unwrap_or_else(crate::resources::move_window::default_deployment_selector);
+    // Where nothing of handoff guards this cluster, the window's own policies, before it
+    // opens and before any Lease is taken.
+    let needs = installed::needs(
+        &installed::survey(c).await?,
+        !leased.is_empty(),
+        !scaled.is_empty(),
+    );
+    let put = installed::ensure_guards(c, &opts.name, &labels, &needs).await?;
+    if !put.is_empty() {
+        out.say(format!(
+            "{}: nothing of handoff guards this cluster; MoveWindow {} brings its own until it closes: {}",
+            c.label,
+            opts.name,
+            put.join(", ")
+        ));
+    }
     // Before the window opens: from then on what it stops fails closed at the API server,
     // and only that (`window_webhook`).
     if window_webhook::put(&c.client, &opts.name, &labels, scaled)
@@ -148,7 +165,8 @@ async fn ensure_open(
             c.label, opts.name
         ));
     }
-    Ok((bound, status))
+    // Either way the API server pins: `pin_scaled` waits until it does.
+    Ok((bound || needs.pin, status))
 }
 
 /// The window's spec (as `read`), created Closed where there is none yet; and whether it is
@@ -160,6 +178,7 @@ async fn window_at_least_closed(
 ) -> Result<(MoveWindowSpec, bool)> {
     Ok(match read {
         None => {
+            installed::ensure_crd(c, &opts.name).await?;
             let spec = MoveWindowSpec {
                 state: WindowState::Closed,
                 deployment_selector: opts.selector.clone(),
@@ -292,6 +311,20 @@ async fn checked(
             for line in preflight::by_deployment(&served) {
                 out.say(format!(
                     "{line}: stopped by Lease, its webhooks keep serving"
+                ));
+            }
+        }
+        if !opts.quiet_preflight {
+            let stops = |lease: bool| {
+                choices
+                    .iter()
+                    .any(|ch| matches!(ch.plan, Stop::Lease(_)) == lease)
+            };
+            let n = installed::needs(&installed::survey(c).await?, stops(true), stops(false));
+            for u in &n.unguarded {
+                out.warn(format!(
+                    "{}: unguarded while MoveWindow {} is open: {u}",
+                    c.label, opts.name
                 ));
             }
         }
