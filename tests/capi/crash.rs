@@ -720,6 +720,21 @@ fn after_kill(from: &Mgmt, to: &Mgmt, before: &Graph, recorded: &str, what: &str
                 );
             }
         }
+        // Recorded done, removing what the windows brought along: every controller back.
+        "Done" => {
+            assert!(
+                s.is_empty() && t.len() == before.len(),
+                "{what}: phase Done is \"the namespace is in the target\", but the source holds {:?}",
+                s.keys().collect::<Vec<_>>()
+            );
+            for m in [from, to] {
+                assert!(
+                    !m.window_holds_any_provider_lease(),
+                    "{what}: phase Done is \"every controller runs\", but a provider Lease of {} is the window's",
+                    m.name
+                );
+            }
+        }
         "Restoring" => assert!(
             s.is_empty() && t.len() == before.len(),
             "{what}: phase Restoring is \"the namespace is in the target\", but the source holds {:?}",

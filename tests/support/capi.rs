@@ -528,6 +528,14 @@ impl Mgmt {
         })
     }
 
+    pub fn window_holds_any_provider_lease(&self) -> bool {
+        PROVIDERS.iter().any(|(ns, _, lease)| {
+            self.get(&["-n", ns, "lease", lease])["spec"]["holderIdentity"]
+                .as_str()
+                .is_some_and(|h| h.starts_with(WINDOW_HOLDER))
+        })
+    }
+
     /// Every time a manager logged acquiring its Lease, with its provider. client-go logs
     /// `"Successfully acquired lease" lock="ns/name"` (structured klog). Fails unless the logs
     /// show an acquisition for every provider (each acquired its Lease when it started): "no
