@@ -129,6 +129,8 @@ async fn exists(c: &Cluster, ar: &ApiResource, name: &str) -> Result<bool> {
         Ok(o) => Ok(o.is_some()),
         // A kind the API server does not serve.
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        // An operator with the narrow roles of an installation: an admin installed handoff.
+        Err(kube::Error::Api(e)) if e.code == 403 => Ok(true),
         Err(e) => Err(api_err(c, format!("reading {} {name}", ar.kind))(e)),
     }
 }
@@ -139,10 +141,12 @@ async fn has_entry(c: &Cluster, kind: &str, plural: &str, entry: &str) -> Result
         c.client.clone(),
         &resource("admissionregistration.k8s.io", kind, plural),
     );
-    let found = api
-        .get_opt("handoff")
-        .await
-        .map_err(api_err(c, format!("reading {kind} handoff")))?;
+    let found = match api.get_opt("handoff").await {
+        Ok(f) => f,
+        // An operator with the narrow roles of an installation: an admin installed handoff.
+        Err(kube::Error::Api(e)) if e.code == 403 => return Ok(true),
+        Err(e) => return Err(api_err(c, format!("reading {kind} handoff"))(e)),
+    };
     Ok(found.is_some_and(|o| {
         o.data["webhooks"]
             .as_array()
@@ -195,7 +199,12 @@ pub async fn ensure_crd(c: &Cluster, window: &str) -> Result<()> {
     let err = |what: &str| api_err(c, format!("{what} CustomResourceDefinition {CRD_NAME}"));
     let start = tokio::time::Instant::now();
     while start.elapsed() < Duration::from_secs(60) {
-        let found = api.get_opt(CRD_NAME).await.map_err(err("reading"))?;
+        let found = match api.get_opt(CRD_NAME).await {
+            Ok(f) => f,
+            // The narrow operator role of an installation: the CRD is the admin's.
+            Err(kube::Error::Api(e)) if e.code == 403 => return Ok(()),
+            Err(e) => return Err(err("reading")(e)),
+        };
         // Being deleted by the last window that used it: created anew once it is gone.
         if found
             .as_ref()
@@ -338,8 +347,9 @@ pub async fn remove(c: &Cluster, window: &str) -> Result<Vec<String>> {
         );
         let found = match api.list_metadata(&lp).await {
             Ok(l) => l.items,
-            // A kind the API server does not serve: nothing was brought.
-            Err(kube::Error::Api(e)) if e.code == 404 => continue,
+            // A kind the API server does not serve, or an operator who may not list it (the
+            // narrow roles of an installation): nothing was brought.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => continue,
             Err(e) => {
                 return Err(api_err(
                     c,
@@ -365,10 +375,15 @@ pub async fn remove(c: &Cluster, window: &str) -> Result<Vec<String>> {
     let err = |what: String| api_err(c, what);
     let windows: Api<MoveWindow> = Api::all(c.client.clone());
     for _ in 0..20 {
-        let found = api
-            .get_opt(CRD_NAME)
-            .await
-            .map_err(err(format!("reading CustomResourceDefinition {CRD_NAME}")))?;
+        let found = match api.get_opt(CRD_NAME).await {
+            Ok(f) => f,
+            Err(kube::Error::Api(e)) if e.code == 403 => return Ok(removed),
+            Err(e) => {
+                return Err(err(format!("reading CustomResourceDefinition {CRD_NAME}"))(
+                    e,
+                ));
+            }
+        };
         let (Crd::ByWindows(mut users), Some(mut crd)) = (Crd::of(found.as_ref()), found) else {
             return Ok(removed);
         };
