@@ -82,6 +82,23 @@ fn a_window_brings_what_it_needs_and_takes_it_away() {
         "handoff-window"
     );
     assert_eq!(crd["metadata"]["annotations"]["handoff.dev/windows"], "a,b");
+    // Each window owns what it brought: deleting it takes them along.
+    let uid = api.ok(
+        ADMIN,
+        &["get", "movewindow", "a", "-o", "jsonpath={.metadata.uid}"],
+    );
+    let owner = api.ok(
+        ADMIN,
+        &[
+            "get",
+            "mutatingadmissionpolicy",
+            "handoff-window-a-pin",
+            "-o",
+            "jsonpath={.metadata.ownerReferences[0].uid}",
+        ],
+    );
+    assert_eq!(owner.trim(), uid.trim());
+    assert!(!uid.trim().is_empty());
     assert_eq!(replicas("capi-system", "capi-controller-manager"), 0);
     assert_eq!(replicas("capd-system", "capd-controller-manager"), 0);
 

@@ -101,6 +101,12 @@ fn nothing_fails_closed_outside_a_window_and_a_window_holds_what_it_pins() {
         assert_eq!(w["clientConfig"]["service"]["name"], "handoff-pin", "{w}");
     }
     assert_eq!(replicas(&api, ns, name), 0, "pinned by the window");
+    let uid = get_json(&api, &["get", "movewindow", WINDOW])["metadata"]["uid"].clone();
+    assert_eq!(
+        own["metadata"]["ownerReferences"][0]["uid"], uid,
+        "owned by its window"
+    );
+    assert!(uid.is_string());
 
     // handoff-pin down again, the window open.
     pin_down(&api, &shipped);

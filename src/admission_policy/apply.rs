@@ -52,7 +52,8 @@ pub async fn served(client: &kube::Client) -> Result<Served, kube::Error> {
     })
 }
 
-fn resource(kind: &str) -> ApiResource {
+/// An `admissionregistration.k8s.io/v1` kind's API.
+pub fn resource(kind: &str) -> ApiResource {
     let lower = kind.to_ascii_lowercase();
     let plural = match lower.strip_suffix('y') {
         Some(stem) => format!("{stem}ies"),
@@ -90,6 +91,20 @@ pub async fn apply(client: &kube::Client, obj: &Value) -> Result<(), kube::Error
     )
     .await?;
     Ok(())
+}
+
+/// Read if present (`None` also where the API server does not serve the kind).
+pub async fn get(
+    client: &kube::Client,
+    kind: &str,
+    name: &str,
+) -> Result<Option<Value>, kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource(kind));
+    match api.get_opt(name).await {
+        Ok(o) => Ok(o.map(|o| serde_json::to_value(o).unwrap_or_default())),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Delete if present; `true` when something was deleted.

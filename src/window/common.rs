@@ -29,6 +29,9 @@ pub struct Cluster {
     /// The API of each CRD as first read this run (`None`: not installed): read once, not
     /// once per object written.
     crds: Arc<Mutex<HashMap<String, Option<ApiResource>>>>,
+    /// What of handoff guards this cluster, as first surveyed this run (`installed::survey`):
+    /// nothing a run writes changes it.
+    surveyed: Arc<Mutex<Option<super::installed::Present>>>,
 }
 
 impl Cluster {
@@ -39,7 +42,21 @@ impl Cluster {
             role,
             written: Written::default(),
             crds: Arc::default(),
+            surveyed: Arc::default(),
         }
+    }
+
+    pub fn surveyed(&self) -> Option<super::installed::Present> {
+        *self.surveyed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn survey_read(&self, p: super::installed::Present) {
+        *self.surveyed.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    }
+
+    /// The UID of window `name` as this run last read or wrote it.
+    pub fn window_uid(&self, name: &str) -> Option<String> {
+        self.written.get(name).and_then(|w| w.metadata.uid)
     }
 
     pub fn crd_known(&self, crd: &str) -> Option<Option<ApiResource>> {

@@ -22,8 +22,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, Preconditions};
-use kube::core::{ApiResource, GroupVersionKind};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::common::{Cluster, Result, WindowError, api_err};
 use crate::admission_policy::{LEASE_HOLD_POLICY, PIN_POLICY, WINDOW_LABEL, apply, per_window};
@@ -119,77 +118,59 @@ pub fn needs(p: &Present, leased: bool, scaled: bool) -> Needs {
     n
 }
 
-fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1", kind), plural)
-}
-
-async fn exists(c: &Cluster, ar: &ApiResource, name: &str) -> Result<bool> {
-    let api: Api<DynamicObject> = Api::all_with(c.client.clone(), ar);
-    match api.get_opt(name).await {
-        Ok(o) => Ok(o.is_some()),
-        // A kind the API server does not serve.
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-        // An operator with the narrow roles of an installation: an admin installed handoff.
-        Err(kube::Error::Api(e)) if e.code == 403 => Ok(true),
-        Err(e) => Err(api_err(c, format!("reading {} {name}", ar.kind))(e)),
+/// Whether handoff's object `name` of this kind is there; a kind not served is not. An
+/// operator with the narrow roles of an installation may not read it: an admin installed
+/// handoff.
+async fn installed(c: &Cluster, kind: &str, name: &str) -> Result<Option<Value>> {
+    match apply::get(&c.client, kind, name).await {
+        Ok(o) => Ok(o),
+        Err(kube::Error::Api(e)) if e.code == 403 => Ok(Some(Value::Null)),
+        Err(e) => Err(api_err(c, format!("reading {kind} {name}"))(e)),
     }
 }
 
-/// Whether the configuration `name` of this kind has the webhook entry `entry`.
-async fn has_entry(c: &Cluster, kind: &str, plural: &str, entry: &str) -> Result<bool> {
-    let api: Api<DynamicObject> = Api::all_with(
-        c.client.clone(),
-        &resource("admissionregistration.k8s.io", kind, plural),
-    );
-    let found = match api.get_opt("handoff").await {
-        Ok(f) => f,
-        // An operator with the narrow roles of an installation: an admin installed handoff.
-        Err(kube::Error::Api(e)) if e.code == 403 => return Ok(true),
-        Err(e) => return Err(api_err(c, format!("reading {kind} handoff"))(e)),
-    };
-    Ok(found.is_some_and(|o| {
-        o.data["webhooks"]
-            .as_array()
-            .is_some_and(|ws| ws.iter().any(|w| w["name"] == entry))
+/// Whether handoff's webhook configuration of this kind has the entry `entry` (or may not be
+/// read, see `installed`).
+async fn has_entry(c: &Cluster, kind: &str, entry: &str) -> Result<bool> {
+    Ok(installed(c, kind, "handoff").await?.is_some_and(|o| {
+        o.is_null()
+            || o["webhooks"]
+                .as_array()
+                .is_some_and(|ws| ws.iter().any(|w| w["name"] == entry))
     }))
 }
 
-/// What guards this cluster's windows already.
+/// What guards this cluster's windows already: read once a run (nothing a run writes
+/// changes it).
 pub async fn survey(c: &Cluster) -> Result<Present> {
+    if let Some(p) = c.surveyed() {
+        return Ok(p);
+    }
     let served = apply::served(&c.client).await.map_err(api_err(
         c,
         "reading which admission policy kinds are served",
     ))?;
-    let vap = resource(
-        "admissionregistration.k8s.io",
-        "ValidatingAdmissionPolicy",
-        "validatingadmissionpolicies",
-    );
-    let map = resource(
-        "admissionregistration.k8s.io",
-        "MutatingAdmissionPolicy",
-        "mutatingadmissionpolicies",
-    );
-    Ok(Present {
+    let p = Present {
         lease_guard: has_entry(
             c,
             "ValidatingWebhookConfiguration",
-            "validatingwebhookconfigurations",
             "lease-hold.handoff.dev",
         )
         .await?
-            || (served.validating && exists(c, &vap, LEASE_HOLD_POLICY).await?),
-        pin: has_entry(
-            c,
-            "MutatingWebhookConfiguration",
-            "mutatingwebhookconfigurations",
-            "move-window.handoff.dev",
-        )
-        .await?
-            || (served.mutating && exists(c, &map, PIN_POLICY).await?),
+            || (served.validating
+                && installed(c, "ValidatingAdmissionPolicy", LEASE_HOLD_POLICY)
+                    .await?
+                    .is_some()),
+        pin: has_entry(c, "MutatingWebhookConfiguration", "move-window.handoff.dev").await?
+            || (served.mutating
+                && installed(c, "MutatingAdmissionPolicy", PIN_POLICY)
+                    .await?
+                    .is_some()),
         serves_vap: served.validating,
         serves_map: served.mutating,
-    })
+    };
+    c.survey_read(p);
+    Ok(p)
 }
 
 /// The MoveWindow CRD served, with `window` among its users where a window created it: before
@@ -297,11 +278,7 @@ pub async fn ensure_guards(
     if !n.lease_guard && !n.pin {
         return Ok(Vec::new());
     }
-    let uid = Api::<MoveWindow>::all(c.client.clone())
-        .get_opt(window)
-        .await
-        .map_err(api_err(c, format!("reading MoveWindow {window}")))?
-        .and_then(|w| w.metadata.uid);
+    let uid = c.window_uid(window);
     let mut objects = Vec::new();
     if n.lease_guard {
         objects.extend(per_window::lease_guard(window, uid.as_deref()));
@@ -336,15 +313,7 @@ pub async fn remove(c: &Cluster, window: &str) -> Result<Vec<String>> {
     kinds.dedup();
     let lp = ListParams::default().labels(&format!("{WINDOW_LABEL}={window}"));
     for kind in kinds {
-        let lower = kind.to_ascii_lowercase();
-        let plural = match lower.strip_suffix('y') {
-            Some(stem) => format!("{stem}ies"),
-            None => format!("{lower}s"),
-        };
-        let api: Api<DynamicObject> = Api::all_with(
-            c.client.clone(),
-            &resource("admissionregistration.k8s.io", kind, &plural),
-        );
+        let api: Api<DynamicObject> = Api::all_with(c.client.clone(), &apply::resource(kind));
         let found = match api.list_metadata(&lp).await {
             Ok(l) => l.items,
             // A kind the API server does not serve, or an operator who may not list it (the

@@ -19,15 +19,13 @@
 //! `lease-hold.handoff.dev` is scoped to them by their label already.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::Api;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::admission_policy::{FIELD_MANAGER, MANAGED_BY, WINDOW_LABEL};
-use crate::resources::move_window::MoveWindow;
+use crate::admission_policy::{MANAGED_BY, WINDOW_LABEL, apply};
 
 /// The installed MutatingWebhookConfiguration whose entries a window's copies.
 pub const INSTALLED: &str = "handoff";
+const KIND: &str = "MutatingWebhookConfiguration";
 /// cert-manager's cainjector keeps the caBundle of every configuration annotated so.
 const INJECT_CA_FROM: &str = "cert-manager.io/inject-ca-from";
 
@@ -97,7 +95,7 @@ pub fn configuration(
         .collect();
     Some(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
+        "kind": KIND,
         "metadata": {
             "name": name(window),
             "labels": {MANAGED_BY.0: MANAGED_BY.1, WINDOW_LABEL: window},
@@ -124,50 +122,27 @@ fn pinned_condition(pinned: &[(String, String)]) -> String {
 pub async fn put(
     client: &kube::Client,
     window: &str,
+    uid: Option<&str>,
     selector: &LabelSelector,
     pinned: &[(String, String)],
 ) -> Result<bool, kube::Error> {
-    let installed: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
-    let Some(found) = installed.get_opt(INSTALLED).await? else {
+    let Some(found) = apply::get(client, KIND, INSTALLED).await? else {
         return Ok(false);
     };
-    let uid = Api::<MoveWindow>::all(client.clone())
-        .get_opt(window)
-        .await?
-        .and_then(|w| w.metadata.uid);
-    let found = serde_json::to_value(&found).unwrap_or_default();
-    let Some(c) = configuration(&found, window, uid.as_deref(), selector, pinned) else {
+    let Some(c) = configuration(&found, window, uid, selector, pinned) else {
         return Ok(false);
     };
-    installed
-        .patch(
-            &name(window),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&c),
-        )
-        .await?;
+    apply::apply(client, &c).await?;
     Ok(true)
 }
 
 /// Delete the window's configuration; `true` when it was there.
 pub async fn remove(client: &kube::Client, window: &str) -> Result<bool, kube::Error> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
-    match api.delete(&name(window), &DeleteParams::default()).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-fn resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(
-            "admissionregistration.k8s.io",
-            "v1",
-            "MutatingWebhookConfiguration",
-        ),
-        "mutatingwebhookconfigurations",
+    apply::delete(
+        client,
+        &json!({"kind": KIND, "metadata": {"name": name(window)}}),
     )
+    .await
 }
 
 #[cfg(test)]

@@ -205,13 +205,7 @@ async fn mark_closed(
         ));
     }
     // Gone before the restores, which must pass even while handoff is down.
-    if super::window_webhook::remove(&c.client, &opts.name)
-        .await
-        .map_err(api_err(
-            c,
-            format!("removing MoveWindow {}'s webhook configuration", opts.name),
-        ))?
-    {
+    if remove_window_webhook(c, &opts.name).await? {
         out.detail(format!(
             "{}: removed MutatingWebhookConfiguration {}",
             c.label,
@@ -240,13 +234,7 @@ async fn close_deleted(
     out: &mut Progress,
 ) -> Result<Option<Vec<Restored>>> {
     // Its owner's garbage collector removes it too, where one runs.
-    if super::window_webhook::remove(&c.client, &opts.name)
-        .await
-        .map_err(api_err(
-            c,
-            format!("removing MoveWindow {}'s webhook configuration", opts.name),
-        ))?
-    {
+    if remove_window_webhook(c, &opts.name).await? {
         out.say(format!(
             "{}: there is no MoveWindow {} any more; removed its MutatingWebhookConfiguration {}",
             c.label,
@@ -310,4 +298,14 @@ pub async fn say_removed(c: &Cluster, window: &str, out: &mut Progress) -> Resul
         ));
     }
     Ok(())
+}
+
+/// The window's own webhook configuration deleted; `true` where it was there.
+async fn remove_window_webhook(c: &Cluster, window: &str) -> Result<bool> {
+    super::window_webhook::remove(&c.client, window)
+        .await
+        .map_err(api_err(
+            c,
+            format!("removing MoveWindow {window}'s webhook configuration"),
+        ))
 }

@@ -124,7 +124,8 @@ async fn ensure_open(
     }
     // Before the window opens: from then on what it stops fails closed at the API server,
     // and only that (`window_webhook`).
-    if window_webhook::put(&c.client, &opts.name, &labels, scaled)
+    let uid = c.window_uid(&opts.name);
+    if window_webhook::put(&c.client, &opts.name, uid.as_deref(), &labels, scaled)
         .await
         .map_err(api_err(
             c,
