@@ -23,6 +23,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::apiserver::skip;
+use support::book::sh_blocks;
 
 const CHAPTER: &str = "docs/src/getting-started.md";
 /// The chapter's build step: the one line of it this test does not run.
@@ -33,39 +34,12 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every ```` ```sh ```` block of `text`, in order: `(line of the opening fence, body)`.
-fn sh_blocks(text: &str) -> Vec<(usize, String)> {
-    let mut blocks = Vec::new();
-    let mut open: Option<(usize, String, bool)> = None;
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim();
-        match &mut open {
-            None if t.starts_with("```") => {
-                open = Some((i + 1, String::new(), t == "```sh"));
-            }
-            None => {}
-            Some(_) if t == "```" => {
-                let (at, body, sh) = open.take().expect("open");
-                if sh {
-                    blocks.push((at, body));
-                }
-            }
-            Some((_, body, _)) => {
-                body.push_str(line);
-                body.push('\n');
-            }
-        }
-    }
-    assert!(open.is_none(), "{CHAPTER}: a code block is never closed");
-    blocks
-}
-
 /// The chapter as one bash script, with the `cargo build` line replaced; and how many lines
 /// were replaced.
 fn script(text: &str) -> (String, usize) {
     let mut out = String::from("set -euo pipefail\nPS4='+ '\nset -x\n");
     let mut replaced = 0;
-    for (at, body) in sh_blocks(text) {
+    for (at, body) in sh_blocks(CHAPTER, text) {
         out.push_str(&format!("# ---- {CHAPTER}, the block at line {at} ----\n"));
         for line in body.lines() {
             if line.trim() == CARGO_BUILD {
@@ -85,7 +59,7 @@ fn script(text: &str) -> (String, usize) {
 #[test]
 fn the_chapter_is_a_script_with_one_build_step() {
     let text = std::fs::read_to_string(root().join(CHAPTER)).expect(CHAPTER);
-    let blocks = sh_blocks(&text);
+    let blocks = sh_blocks(CHAPTER, &text);
     assert!(
         blocks.len() >= 8,
         "{CHAPTER}: only {} sh blocks",

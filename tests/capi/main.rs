@@ -3,6 +3,7 @@
 //!
 //! - `moves`: moves as shipped (15 s leases), there and back, proven from the clusters.
 //! - `crash`: `handoff move` killed at its crash points, then finished or undone.
+//! - `pivot`: the book's "Pivot from a bootstrap cluster" page, its commands run in order.
 //!
 //! One test binary for both, so that they run at the same time: `cargo test` runs test binaries
 //! one after another, and libtest runs the tests of one binary on its threads. Each suite spends
@@ -15,4 +16,5 @@ mod support;
 
 mod crash;
 mod moves;
+mod pivot;
 mod proofs;

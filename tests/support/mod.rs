@@ -1,4 +1,5 @@
 pub mod apiserver;
+pub mod book;
 pub mod capi;
 pub mod crash_proxy;
 pub mod fault_proxy;
