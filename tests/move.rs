@@ -275,6 +275,16 @@ fn stopped(m: &Mgmt, window: &str) {
     }
 }
 
+/// One step's headline, and its whole output only under `HANDOFF_TEST_LOGS=1`: libtest prints
+/// a failed test's output before its panic, and a CI excerpt that shows the first lines of it
+/// should reach the panic's `file:line` (every assertion carries the log it judged).
+fn say(headline: &str, log: &str) {
+    match std::env::var("HANDOFF_TEST_LOGS").is_ok_and(|v| v == "1") {
+        true => eprintln!("{headline}:\n{log}"),
+        false => eprintln!("{headline}: {} lines of output", log.lines().count()),
+    }
+}
+
 #[test]
 #[cfg_attr(
     not(apiserver),
@@ -355,9 +365,9 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     let t = Instant::now();
     let failed = handoff_move(&source, &target, "alpha", &[], &env(Some(1)));
     let log = text(&failed.stderr) + &text(&failed.stdout);
-    eprintln!(
-        "a failing handoff move ({:.1}s):\n{log}",
-        t.elapsed().as_secs_f64()
+    say(
+        &format!("a failing handoff move ({:.1}s)", t.elapsed().as_secs_f64()),
+        &log,
     );
     assert!(!failed.status.success(), "{log}");
     for want in [
@@ -404,10 +414,12 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
         .filter_map(|e| e["text"].as_str())
         .collect::<Vec<_>>()
         .join("\n");
-    eprintln!(
-        "handoff move again ({:.1}s), steps {steps:?}:\n{log}\n{}",
-        took.as_secs_f64(),
-        text(&done.stderr)
+    say(
+        &format!(
+            "handoff move again ({:.1}s), steps {steps:?}",
+            took.as_secs_f64()
+        ),
+        &format!("{log}\n{}", text(&done.stderr)),
     );
     assert!(done.status.success(), "{log}");
     assert_eq!(
@@ -538,9 +550,9 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     let plain = handoff_move(&source, &target, "gamma", &[], &env(None));
     let took_plain = t.elapsed();
     let log = text(&plain.stderr);
-    eprintln!(
-        "a plain handoff move ({:.1}s):\n{log}",
-        took_plain.as_secs_f64()
+    say(
+        &format!("a plain handoff move ({:.1}s)", took_plain.as_secs_f64()),
+        &log,
     );
     assert!(plain.status.success(), "{log}");
     assert!(
@@ -578,7 +590,7 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     );
     let finish = handoff_move(&source, &target, "delta", &[], &env(None));
     let log = text(&finish.stderr);
-    eprintln!("handoff move after deletes had begun:\n{log}");
+    say("handoff move after deletes had begun", &log);
     assert!(finish.status.success(), "{log}");
     assert!(
         log.contains("source: removed clusterctl.cluster.x-k8s.io/delete-for-move from Cluster delta/workload"),
@@ -635,7 +647,7 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     }
     let interrupted = child.wait_with_output().expect("handoff move");
     let log = text(&interrupted.stderr) + &text(&interrupted.stdout);
-    eprintln!("an interrupted handoff move:\n{log}");
+    say("an interrupted handoff move", &log);
     assert!(!interrupted.status.success(), "{log}");
     assert!(
         log.contains("interrupted; passing SIGINT to clusterctl")
@@ -651,7 +663,7 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
     stopped(&target, "move-beta");
     let abort = handoff_move(&source, &target, "beta", &["--abort"], &env(None));
     let log = text(&abort.stderr) + &text(&abort.stdout);
-    eprintln!("handoff move --abort:\n{log}");
+    say("handoff move --abort", &log);
     assert!(abort.status.success(), "{log}");
     // On abort the source's controllers lead again first, as the Leases record it.
     let holder = window_holder("beta");

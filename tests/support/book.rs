@@ -1,4 +1,6 @@
 //! The book's pages as scripts: the tests that run a page read its ```` ```sh ```` blocks here.
+// Shared by every test binary; only those that run a page use it.
+#![allow(dead_code)]
 
 /// Every ```` ```sh ```` block of `text` (the page `page`), in order: `(line of the opening
 /// fence, body)`.
