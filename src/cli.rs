@@ -62,6 +62,7 @@ pub enum Command {
     /// `clusterctl move`, with the controllers of both clusters stopped for the whole copy
     /// (the target's before it starts, the source's once clusterctl has paused it) and
     /// restored afterwards, the target's first; `--abort` brings them back after a failure.
+    /// With `--to-directory` (a backup) or `--from-directory` (a restore), one cluster's.
     Move(MoveArgs),
 }
 
@@ -74,9 +75,19 @@ pub struct MoveArgs {
     /// Context in the source kubeconfig.
     #[arg(long)]
     pub kubeconfig_context: Option<String>,
-    /// kubeconfig of the target management cluster.
-    #[arg(long, value_name = "FILE")]
-    pub to_kubeconfig: PathBuf,
+    /// kubeconfig of the target management cluster (with `--from-directory`: the cluster
+    /// restored into).
+    #[arg(long, value_name = "FILE", required_unless_present = "to_directory")]
+    pub to_kubeconfig: Option<PathBuf>,
+    /// A backup: clusterctl writes the namespace's objects to this folder (it must exist),
+    /// with the source's controllers stopped from after the providers' block-move until it has
+    /// written them. No second cluster.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["to_kubeconfig", "to_kubeconfig_context", "from_directory", "dry_run"])]
+    pub to_directory: Option<PathBuf>,
+    /// A restore: clusterctl creates the objects of a backup in the `--to-kubeconfig` cluster,
+    /// whose controllers stay stopped until it has created them all.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "kubeconfig_context", "namespace", "dry_run"])]
+    pub from_directory: Option<PathBuf>,
     /// Context in the target kubeconfig.
     #[arg(long)]
     pub to_kubeconfig_context: Option<String>,
@@ -90,11 +101,12 @@ pub struct MoveArgs {
     /// The clusterctl binary.
     #[arg(long, value_name = "PATH", default_value = "clusterctl")]
     pub clusterctl: PathBuf,
-    /// The MoveWindow in both clusters (default: move-<namespace>).
+    /// The MoveWindow in both clusters (default: move-<namespace>; a backup's
+    /// backup-<namespace>, a restore's restore).
     #[arg(long, value_name = "NAME")]
     pub window: Option<String>,
     /// Bring every controller back as it was (the source's first) after a move that failed,
-    /// and say what clusterctl left behind.
+    /// and say what clusterctl left behind (a backup's or restore's: its one cluster's).
     #[arg(long, conflicts_with = "dry_run")]
     pub abort: bool,
     /// How to stop each controller, as `window open --stop`.

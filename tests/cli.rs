@@ -386,6 +386,40 @@ fn bad_flags_and_files_stop_start_up_naming_the_problem() {
             ],
             "--kcp-kubeconfig",
         ),
+        // A backup or a restore names a folder that exists, and is one cluster's.
+        (
+            vec![
+                "move".into(),
+                "--to-directory".into(),
+                missing.clone().into(),
+            ],
+            "--to-directory",
+        ),
+        (
+            vec![
+                "move".into(),
+                "--to-kubeconfig".into(),
+                bad_cfg.clone().into(),
+                "--from-directory".into(),
+                missing.clone().into(),
+            ],
+            "no such folder",
+        ),
+        (
+            vec![
+                "move".into(),
+                "--to-directory".into(),
+                dir.path().into(),
+                "--to-kubeconfig".into(),
+                bad_cfg.clone().into(),
+            ],
+            "cannot be used with",
+        ),
+        (
+            vec!["move".into(), "--from-directory".into(), dir.path().into()],
+            "--to-kubeconfig",
+        ),
+        (vec!["move".into()], "--to-kubeconfig"),
     ];
     for (args, want) in cases {
         let (ok, _, err) = run(handoff().args(&args));

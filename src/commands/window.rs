@@ -141,6 +141,13 @@ async fn window_command(
 pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
     use handoff::resources::move_window::MoveRole;
     use handoff::window::{self, Cluster, move_plan::ClusterctlFlags};
+    if a.to_directory.is_some() || a.from_directory.is_some() {
+        return directory_cmd(a).await;
+    }
+    let to_kubeconfig = a
+        .to_kubeconfig
+        .clone()
+        .context("--to-kubeconfig is required (or --to-directory for a backup)")?;
     // Both clusters' requests name the step performed (the audit log's and the crash suite's).
     let label = handoff::window::user_agent::StepLabel::default();
     let (source, source_server, source_ns) = client_and_namespace(
@@ -151,7 +158,7 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
     .await
     .context("--kubeconfig (the source)")?;
     let (target, target_server, _) = client_and_namespace(
-        Some(&a.to_kubeconfig),
+        Some(&to_kubeconfig),
         a.to_kubeconfig_context.as_deref(),
         &label,
     )
@@ -171,7 +178,7 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
         flags: ClusterctlFlags {
             kubeconfig: a.kubeconfig,
             kubeconfig_context: a.kubeconfig_context,
-            to_kubeconfig: a.to_kubeconfig,
+            to_kubeconfig,
             to_kubeconfig_context: a.to_kubeconfig_context,
             namespace,
             dry_run: a.dry_run,
@@ -221,6 +228,119 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
             match server {
                 Some(s) => e.context(s),
                 None => e,
+            }
+        })
+}
+
+/// `handoff move --to-directory` (a backup of the `--kubeconfig` cluster) or
+/// `--from-directory` (a restore into the `--to-kubeconfig` cluster): one cluster, one window.
+async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
+    use handoff::resources::move_window::MoveRole;
+    use handoff::window::directory_plan::{Direction, DirectoryFlags};
+    use handoff::window::{self, Cluster};
+    // clusterctl's own checks, said before any cluster is reached.
+    for (flag, dir) in [
+        ("--to-directory", &a.to_directory),
+        ("--from-directory", &a.from_directory),
+    ] {
+        if let Some(d) = dir.as_ref().filter(|d| !d.is_dir()) {
+            anyhow::bail!(
+                "{flag} {}: no such folder (clusterctl reads and writes a folder that exists)",
+                d.display()
+            );
+        }
+    }
+    if a.wait_timeout.is_zero() {
+        anyhow::bail!(
+            "--wait-timeout must be more than 0: the stopped controllers must be proven stopped before clusterctl runs"
+        );
+    }
+    let label = handoff::window::user_agent::StepLabel::default();
+    let (kubeconfig, context, role, flag) = match &a.to_directory {
+        Some(_) => (
+            a.kubeconfig.clone(),
+            a.kubeconfig_context.clone(),
+            MoveRole::Source,
+            "--kubeconfig (the cluster backed up)",
+        ),
+        None => (
+            a.to_kubeconfig.clone(),
+            a.to_kubeconfig_context.clone(),
+            MoveRole::Target,
+            "--to-kubeconfig (the cluster restored into)",
+        ),
+    };
+    let (client, server, context_ns) =
+        client_and_namespace(kubeconfig.as_deref(), context.as_deref(), &label)
+            .await
+            .context(flag)?;
+    let (direction, directory, default_window) = match (a.to_directory, a.from_directory) {
+        (Some(d), _) => {
+            let namespace = a.namespace.unwrap_or(context_ns);
+            let w = format!("backup-{namespace}");
+            (Direction::Backup { namespace }, d, w)
+        }
+        (None, Some(d)) => (Direction::Restore, d, "restore".to_string()),
+        (None, None) => unreachable!("directory_cmd runs for a directory"),
+    };
+    let name = a.window.unwrap_or(default_window);
+    let what = match direction {
+        Direction::Backup { ref namespace } => {
+            format!("handoff move --to-directory of namespace {namespace}")
+        }
+        Direction::Restore => format!("handoff move --from-directory {}", directory.display()),
+    };
+    let opts = window::DirectoryOptions {
+        window: name.clone(),
+        flags: DirectoryFlags {
+            direction,
+            directory,
+            kubeconfig,
+            context,
+        },
+        clusterctl: a.clusterctl,
+        abort: a.abort,
+        open: window::OpenOptions {
+            name: name.clone(),
+            selector: None,
+            reason: Some(what),
+            allow_webhook_outage: a.allow_webhook_outage,
+            wait_timeout: a.wait_timeout,
+            poll: handoff::window::OPEN_POLL,
+            own: a.own_deployment,
+            stop: a.stop.map(Into::into),
+            standby: !a.no_standby,
+            quiet_preflight: false,
+        },
+        close: window::CloseOptions {
+            name,
+            restore_timeout: a.restore_timeout,
+            poll: handoff::window::CLOSE_POLL,
+            settle: handoff::window::CLOSE_SETTLE,
+            lead_timeout: a.lead_timeout,
+            wait_leading: true,
+            uninstall: false,
+        },
+        poll: handoff::window::MOVE_POLL,
+    };
+    let c = Cluster::new(
+        if role == MoveRole::Source {
+            "source"
+        } else {
+            "target"
+        },
+        client,
+        Some(role),
+    );
+    let mut out = a.progress.reporter(false);
+    window::directory_run(&c, &opts, &mut out)
+        .await
+        .map_err(|e| {
+            let api = matches!(e, window::WindowError::Api { .. });
+            let e = anyhow::Error::new(e);
+            match api {
+                true => e.context(format!("API server {server}")),
+                false => e,
             }
         })
 }

@@ -8,6 +8,7 @@
 
 mod close;
 mod common;
+pub mod directory_plan;
 pub mod installed;
 mod lease;
 pub mod move_next;
@@ -27,7 +28,7 @@ pub mod window_webhook;
 
 pub use close::{CLOSE_POLL, CLOSE_SETTLE, CloseOptions, Restored, close};
 pub use common::{Cluster, Finding, WindowError};
-pub use mover::{MOVE_POLL, MoveOptions, run as move_run};
+pub use mover::{DirectoryOptions, MOVE_POLL, MoveOptions, directory_run, run as move_run};
 pub use open::{OPEN_POLL, OpenOptions, check, open, plan_open};
 pub use preflight::preflight;
 pub use status::{DeploymentReport, LeaseReport, WindowReport, render_table, status};

@@ -1,6 +1,7 @@
 //! `handoff move` on the real Cluster API (`../shared/capi`): the real clusterctl and the real
 //! core, kubeadm bootstrap, kubeadm control-plane and CAPD managers.
 //!
+//! - `backup`: `handoff move --to-directory`, the cluster lost, `--from-directory` into a fresh one.
 //! - `moves`: moves as shipped (15 s leases), there and back, proven from the clusters.
 //! - `crash`: `handoff move` killed at its crash points, then finished or undone.
 //! - `pivot`: the book's "Pivot from a bootstrap cluster" page, its commands run in order.
@@ -14,6 +15,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod backup;
 mod crash;
 mod moves;
 mod pivot;

@@ -5,7 +5,6 @@ use std::path::Path;
 use tokio::sync::watch;
 
 use super::super::common::{Cluster, Result, WindowError};
-use super::super::move_plan::{self, ClusterctlFlags};
 
 /// SIGINT and SIGTERM, caught from the moment a move may write until clusterctl is done, so
 /// that they reach clusterctl first and handoff then leaves everything said and recorded.
@@ -117,7 +116,7 @@ impl Child {
     /// handoff's standard output is its JSON events.
     pub fn spawn(
         clusterctl: &Path,
-        flags: &ClusterctlFlags,
+        args: Vec<std::ffi::OsString>,
         source: &Cluster,
         stdout_to_stderr: bool,
     ) -> Result<Child> {
@@ -125,7 +124,7 @@ impl Child {
         if stdout_to_stderr {
             cmd.stdout(std::io::stderr());
         }
-        cmd.args(move_plan::clusterctl_args(flags))
+        cmd.args(args)
             .stdin(std::process::Stdio::null())
             .process_group(0)
             .kill_on_drop(true);

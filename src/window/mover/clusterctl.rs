@@ -48,7 +48,12 @@ pub async fn lift_block_move(
 /// events, clusterctl's goes to standard error.
 fn spawn(opts: &MoveOptions, source: &Cluster, out: &Progress) -> Result<Child> {
     let json = out.format() == Format::Json;
-    Child::spawn(&opts.clusterctl, &opts.flags, source, json)
+    Child::spawn(
+        &opts.clusterctl,
+        move_plan::clusterctl_args(&opts.flags),
+        source,
+        json,
+    )
 }
 
 pub fn render_args(f: &ClusterctlFlags) -> String {

@@ -6,9 +6,12 @@
 mod child;
 mod cluster_api;
 mod clusterctl;
+mod directory;
 mod pause_watch;
 mod restore;
 mod steps;
+
+pub use directory::{DirectoryOptions, run as directory_run};
 
 use crate::window::progress::Progress;
 use std::path::PathBuf;

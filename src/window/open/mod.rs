@@ -172,7 +172,7 @@ async fn ensure_open(
 
 /// The window's spec (as `read`), created Closed where there is none yet; and whether it is
 /// open.
-async fn window_at_least_closed(
+pub(crate) async fn window_at_least_closed(
     c: &Cluster,
     opts: &OpenOptions,
     read: Option<MoveWindow>,
