@@ -8,8 +8,11 @@
 //! reads and writes the files) fall inside the window's hold of every provider Lease, and
 //! handoff's own pause before it falls before it (the providers lift their block-move only
 //! while they run); in the restore, every object clusterctl creates and its unpause of the
-//! Cluster fall inside the hold of every provider Lease of the fresh cluster.
+//! Cluster fall inside the hold of every provider Lease of the fresh cluster. Each is first
+//! run with a clusterctl that fails: the backup puts everything back, the restore keeps its
+//! controllers stopped for the same command again.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -53,13 +56,13 @@ fn held_at(m: &Mgmt, leases: &Watch, at: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// `handoff move` with the rig's clusterctl and `args`.
-fn handoff_move(rig: &Rig, args: &[&str]) -> (bool, String) {
+/// `handoff move` with `clusterctl` (the rig's, or one that fails) and `args`.
+fn handoff_move(rig: &Rig, clusterctl: &Path, args: &[&str]) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
     cmd.arg("move")
         .args(args)
         .arg("--clusterctl")
-        .arg(rig.clusterctl())
+        .arg(clusterctl)
         .env_remove("KUBECONFIG");
     for (k, v) in rig.clusterctl_env() {
         cmd.env(k, v);
@@ -123,6 +126,42 @@ fn a_backup_and_a_restore_into_a_fresh_cluster_with_the_controllers_stopped() {
     eprintln!("set up in {:.1}s", t0.elapsed().as_secs_f64());
     let backup = dir.path().join("backup");
     std::fs::create_dir_all(&backup).expect("backup folder");
+    let real = rig.clusterctl();
+    let failing = dir.path().join("clusterctl-that-fails");
+    std::fs::write(&failing, "#!/bin/sh\necho 'injected failure' >&2\nexit 1\n").expect("script");
+    std::fs::set_permissions(
+        &failing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let kubeconfig = lost.kubeconfig.display().to_string();
+    let to = backup.display().to_string();
+    let backup_args = [
+        "--kubeconfig",
+        kubeconfig.as_str(),
+        "--namespace",
+        "ns1",
+        "--to-directory",
+        to.as_str(),
+    ];
+
+    // A backup whose clusterctl fails puts everything back: the Cluster unpaused, the
+    // controllers leading, nothing of handoff left.
+    let (ok, log) = handoff_move(&rig, &failing, &backup_args);
+    eprintln!("a failing backup:\n{log}");
+    assert!(!ok, "{log}");
+    assert!(
+        log.contains("The controllers and the Clusters are back as they were"),
+        "{log}"
+    );
+    let c = lost.get(&["-n", "ns1", "clusters.cluster.x-k8s.io", "wl1"]);
+    assert_ne!(c["spec"]["paused"], true, "{c}");
+    lost.nothing_of_handoff_at_all();
+    eventually(
+        "lost: the providers lead again",
+        Duration::from_secs(120),
+        || lost.providers_lead().then_some(()),
+    );
 
     // The backup.
     let (objects, leases) = (
@@ -130,20 +169,8 @@ fn a_backup_and_a_restore_into_a_fresh_cluster_with_the_controllers_stopped() {
         Watch::start(&lost, &["leases", "-A"]),
     );
     wait_listed("lost: the watches listing", &objects, &leases);
-    let kubeconfig = lost.kubeconfig.display().to_string();
-    let to = backup.display().to_string();
     let t = Instant::now();
-    let (ok, log) = handoff_move(
-        &rig,
-        &[
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            "ns1",
-            "--to-directory",
-            &to,
-        ],
-    );
+    let (ok, log) = handoff_move(&rig, &real, &backup_args);
     eprintln!(
         "handoff move --to-directory ({:.1}s):\n{log}",
         t.elapsed().as_secs_f64()
@@ -210,17 +237,34 @@ fn a_backup_and_a_restore_into_a_fresh_cluster_with_the_controllers_stopped() {
     );
     wait_listed("fresh: the watches listing", &objects, &leases);
     let kubeconfig = fresh.kubeconfig.display().to_string();
-    let t = Instant::now();
-    let (ok, log) = handoff_move(
-        &rig,
-        &["--to-kubeconfig", &kubeconfig, "--from-directory", &to],
+    let restore_args = [
+        "--to-kubeconfig",
+        kubeconfig.as_str(),
+        "--from-directory",
+        to.as_str(),
+    ];
+    // A restore whose clusterctl fails keeps the controllers stopped; the same command again
+    // runs clusterctl again with them still stopped.
+    let (ok, log) = handoff_move(&rig, &failing, &restore_args);
+    eprintln!("a failing restore:\n{log}");
+    assert!(!ok, "{log}");
+    assert!(
+        log.contains("The controllers handoff stopped stay stopped"),
+        "{log}"
     );
+    assert!(fresh.window_holds_every_provider_lease(), "{log}");
+    let t = Instant::now();
+    let (ok, log) = handoff_move(&rig, &real, &restore_args);
     eprintln!(
         "handoff move --from-directory ({:.1}s):\n{log}",
         t.elapsed().as_secs_f64()
     );
     assert!(ok, "{log}");
-    assert!(log.contains("handoff move: restore done"), "{log}");
+    assert!(
+        log.contains("its controllers stay stopped, and clusterctl runs again")
+            && log.contains("handoff move: restore done"),
+        "{log}"
+    );
     let events = objects.events();
     let created: Vec<&Event> = events.iter().filter(|e| e.kind == "ADDED").collect();
     assert!(
