@@ -126,7 +126,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
             }
             uninstall(c, o, out).await?;
             if let Direction::Restore = o.flags.direction {
-                out.say(format!("handoff move --abort: the controllers are back; what clusterctl restored stays as it is (its Clusters paused where clusterctl stopped before unpausing them): kubectl --kubeconfig … get clusters.cluster.x-k8s.io -A -o custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,PAUSED:.spec.paused"));
+                out.say("handoff move --abort: the controllers are back; what clusterctl restored stays as it is (its Clusters paused where clusterctl stopped before unpausing them): kubectl --kubeconfig … get clusters.cluster.x-k8s.io -A -o custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,PAUSED:.spec.paused");
             } else {
                 out.say(
                     "handoff move --abort: the controllers and the Clusters are back as they were",
