@@ -171,8 +171,12 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
             "--wait-timeout must be more than 0 for a move: the source's pinned controllers must be proven gone before clusterctl copies"
         );
     }
-    let namespace = a.namespace.unwrap_or(source_ns);
-    let name = a.window.unwrap_or_else(|| format!("move-{namespace}"));
+    let namespace = a.namespace.clone().unwrap_or(source_ns);
+    let name = a
+        .window
+        .clone()
+        .unwrap_or_else(|| format!("move-{namespace}"));
+    let window_options = window_options(&a, name.clone(), None);
     let opts = window::MoveOptions {
         window: name.clone(),
         flags: ClusterctlFlags {
@@ -185,27 +189,8 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
         },
         clusterctl: a.clusterctl,
         abort: a.abort,
-        open: window::OpenOptions {
-            name: name.clone(),
-            selector: None,
-            reason: None,
-            allow_webhook_outage: a.allow_webhook_outage,
-            wait_timeout: a.wait_timeout,
-            poll: handoff::window::OPEN_POLL,
-            own: a.own_deployment,
-            stop: a.stop.map(Into::into),
-            standby: !a.no_standby,
-            quiet_preflight: false,
-        },
-        close: window::CloseOptions {
-            name,
-            restore_timeout: a.restore_timeout,
-            poll: handoff::window::CLOSE_POLL,
-            settle: handoff::window::CLOSE_SETTLE,
-            lead_timeout: a.lead_timeout,
-            wait_leading: true,
-            uninstall: false,
-        },
+        open: window_options.0,
+        close: window_options.1,
         poll: handoff::window::MOVE_POLL,
         step_label: label.clone(),
     };
@@ -274,22 +259,24 @@ async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
         client_and_namespace(kubeconfig.as_deref(), context.as_deref(), &label)
             .await
             .context(flag)?;
-    let (direction, directory, default_window) = match (a.to_directory, a.from_directory) {
-        (Some(d), _) => {
-            let namespace = a.namespace.unwrap_or(context_ns);
-            let w = format!("backup-{namespace}");
-            (Direction::Backup { namespace }, d, w)
-        }
-        (None, Some(d)) => (Direction::Restore, d, "restore".to_string()),
-        (None, None) => unreachable!("directory_cmd runs for a directory"),
-    };
-    let name = a.window.unwrap_or(default_window);
+    let (direction, directory, default_window) =
+        match (a.to_directory.clone(), a.from_directory.clone()) {
+            (Some(d), _) => {
+                let namespace = a.namespace.clone().unwrap_or(context_ns);
+                let w = format!("backup-{namespace}");
+                (Direction::Backup { namespace }, d, w)
+            }
+            (None, Some(d)) => (Direction::Restore, d, "restore".to_string()),
+            (None, None) => unreachable!("directory_cmd runs for a directory"),
+        };
+    let name = a.window.clone().unwrap_or(default_window);
     let what = match direction {
         Direction::Backup { ref namespace } => {
             format!("handoff move --to-directory of namespace {namespace}")
         }
         Direction::Restore => format!("handoff move --from-directory {}", directory.display()),
     };
+    let window_options = window_options(&a, name.clone(), Some(what));
     let opts = window::DirectoryOptions {
         window: name.clone(),
         flags: DirectoryFlags {
@@ -300,27 +287,8 @@ async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
         },
         clusterctl: a.clusterctl,
         abort: a.abort,
-        open: window::OpenOptions {
-            name: name.clone(),
-            selector: None,
-            reason: Some(what),
-            allow_webhook_outage: a.allow_webhook_outage,
-            wait_timeout: a.wait_timeout,
-            poll: handoff::window::OPEN_POLL,
-            own: a.own_deployment,
-            stop: a.stop.map(Into::into),
-            standby: !a.no_standby,
-            quiet_preflight: false,
-        },
-        close: window::CloseOptions {
-            name,
-            restore_timeout: a.restore_timeout,
-            poll: handoff::window::CLOSE_POLL,
-            settle: handoff::window::CLOSE_SETTLE,
-            lead_timeout: a.lead_timeout,
-            wait_leading: true,
-            uninstall: false,
-        },
+        open: window_options.0,
+        close: window_options.1,
         poll: handoff::window::MOVE_POLL,
     };
     let c = Cluster::new(
@@ -343,6 +311,37 @@ async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
                 false => e,
             }
         })
+}
+
+/// How a move's (or a backup's, or a restore's) window is opened and closed, from its flags.
+fn window_options(
+    a: &MoveArgs,
+    name: String,
+    reason: Option<String>,
+) -> (handoff::window::OpenOptions, handoff::window::CloseOptions) {
+    use handoff::window::{CLOSE_POLL, CLOSE_SETTLE, CloseOptions, OPEN_POLL, OpenOptions};
+    let open = OpenOptions {
+        name: name.clone(),
+        selector: None,
+        reason,
+        allow_webhook_outage: a.allow_webhook_outage,
+        wait_timeout: a.wait_timeout,
+        poll: OPEN_POLL,
+        own: a.own_deployment.clone(),
+        stop: a.stop.map(Into::into),
+        standby: !a.no_standby,
+        quiet_preflight: false,
+    };
+    let close = CloseOptions {
+        name,
+        restore_timeout: a.restore_timeout,
+        poll: CLOSE_POLL,
+        settle: CLOSE_SETTLE,
+        lead_timeout: a.lead_timeout,
+        wait_leading: true,
+        uninstall: false,
+    };
+    (open, close)
 }
 
 impl crate::cli::ProgressArgs {

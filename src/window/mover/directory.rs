@@ -95,14 +95,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
         ));
     }
     for key in &start.unpause {
-        patch(
-            c,
-            CLUSTERS,
-            key,
-            json!({"spec": {"paused": false}}),
-            "unpausing",
-        )
-        .await?;
+        set_paused(c, key, false).await?;
         out.say(format!(
             "{}: unpaused Cluster {key} (paused for the backup recorded in MoveWindow {})",
             c.label, o.window
@@ -206,14 +199,7 @@ async fn backup(
     // clusterctl unpauses at its end; a run that stopped before may have left them paused.
     let now_seen = clusters_in(c, ns).await?;
     for key in super::super::move_plan::to_unpause(&[], &keys, &now_seen) {
-        patch(
-            c,
-            CLUSTERS,
-            &key,
-            json!({"spec": {"paused": false}}),
-            "unpausing",
-        )
-        .await?;
+        set_paused(c, &key, false).await?;
         out.say(format!("{}: unpaused Cluster {key}", c.label));
     }
     if read_window(c, &o.window)
@@ -254,14 +240,7 @@ async fn stop_and_back_up(
     out: &mut Progress,
 ) -> Result<()> {
     for key in keys {
-        patch(
-            c,
-            CLUSTERS,
-            key,
-            json!({"spec": {"paused": true}}),
-            "pausing",
-        )
-        .await?;
+        set_paused(c, key, true).await?;
     }
     if !keys.is_empty() {
         out.say(format!(
@@ -278,14 +257,7 @@ async fn stop_and_back_up(
     })
     .await?;
     for key in keys {
-        patch(
-            c,
-            CLUSTERS,
-            key,
-            json!({"spec": {"paused": false}}),
-            "unpausing",
-        )
-        .await?;
+        set_paused(c, key, false).await?;
     }
     if !keys.is_empty() {
         out.say(format!(
@@ -295,6 +267,14 @@ async fn stop_and_back_up(
         ));
     }
     clusterctl(c, o, out).await
+}
+
+/// Set one Cluster's `spec.paused` (a merge patch, retried while a provider's webhook blinks).
+async fn set_paused(c: &Cluster, key: &str, paused: bool) -> Result<()> {
+    let what = if paused { "pausing" } else { "unpausing" };
+    patch(c, CLUSTERS, key, json!({"spec": {"paused": paused}}), what)
+        .await
+        .map(|_| ())
 }
 
 /// Wait until every Cluster is paused and no object of the namespace holds a block-move.
