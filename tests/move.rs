@@ -330,6 +330,13 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
             && log.contains("Dry run: nothing was written"),
         "{log}"
     );
+    // The stand-ins' Leases last 4 s (`LeaseTiming::FAST`): no proof is expected later.
+    assert!(
+        log.lines().any(|l| l.contains("then lift handoff's")
+            && l.contains("expected about 4s after the source's stop")
+            && l.contains("4s at the latest")),
+        "{log}"
+    );
     assert!(
         !source.exists(&["movewindow", "move-alpha"])
             && !target.exists(&["movewindow", "move-alpha"])

@@ -195,6 +195,15 @@ fn exited(
     (None, why)
 }
 
+/// How a Lease's former leader is expected to be proven stopped, for a dry run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    /// Which proof, and what it waits for.
+    pub said: String,
+    /// The seconds after the take-over it is expected within.
+    pub within: i64,
+}
+
 /// How a Lease's former leader is expected to be proven stopped, for a dry run: `deleted`,
 /// whether its Pod will be deleted after the take-over (another Pod is Ready).
 pub fn expected(
@@ -203,21 +212,34 @@ pub fn expected(
     deleted: bool,
     grace: i64,
     lease_seconds: i32,
-) -> String {
-    if holder.is_empty() {
-        return "nobody leads: proven at once".into();
-    }
-    match plan::pod_of_identity(holder).filter(|p| plan::pod_of_deployment(p, deployment)) {
-        None => format!(
-            "proven by its Lease bound, {lease_seconds}s: its holder is not one of the Deployment's Pods"
-        ),
-        Some(_) if deleted => format!(
-            "proven when the kubelet reports its leader's Pod ended: deleted, it has {grace}s to end (terminationGracePeriodSeconds); at the latest the Lease bound, {lease_seconds}s"
-        ),
-        Some(_) => format!(
-            "proven when the kubelet reports its leader restarted, once it notices the Lease lost (its renew deadline); at the latest the Lease bound, {lease_seconds}s"
-        ),
-    }
+) -> Expected {
+    let bound = i64::from(lease_seconds);
+    let (said, within) = if holder.is_empty() {
+        ("nobody leads: proven at once".into(), 0)
+    } else {
+        match plan::pod_of_identity(holder).filter(|p| plan::pod_of_deployment(p, deployment)) {
+            None => (
+                format!(
+                    "proven by its Lease bound, {lease_seconds}s: its holder is not one of the Deployment's Pods"
+                ),
+                bound,
+            ),
+            Some(_) if deleted => (
+                format!(
+                    "proven when the kubelet reports its leader's Pod ended: deleted, it has {grace}s to end (terminationGracePeriodSeconds); at the latest the Lease bound, {lease_seconds}s"
+                ),
+                grace.clamp(0, bound),
+            ),
+            // It notices the Lease lost within its renew deadline, which only it knows.
+            Some(_) => (
+                format!(
+                    "proven when the kubelet reports its leader restarted, once it notices the Lease lost (its renew deadline); at the latest the Lease bound, {lease_seconds}s"
+                ),
+                bound,
+            ),
+        }
+    };
+    Expected { said, within }
 }
 
 /// What the take-over records of the former leader's Pod: its UID and the instances the

@@ -522,6 +522,42 @@ fn handoff_move_with_the_real_clusterctl_and_providers() {
     );
     eprintln!("plain clusterctl move of ns2: {plain_took:.1}s");
 
+    // The dry run: which proof each Lease is expected to get, and when the lift comes. Every
+    // provider leads from a Pod that handoff deletes once a standby is Ready, and the shipped
+    // manifests give it 10 s to end (terminationGracePeriodSeconds); the kubeadm control
+    // plane's Lease lasts 60 s.
+    let dry = rig
+        .handoff_move(&src.kubeconfig, &dst.kubeconfig, "ns1")
+        .arg("--dry-run")
+        .output()
+        .expect("handoff move --dry-run");
+    let log = text(&dry.stdout) + &text(&dry.stderr);
+    assert!(dry.status.success(), "{log}");
+    let kcp = log
+        .lines()
+        .filter(|l| {
+            l.contains("Lease: would add a standby replica")
+                && l.contains("kubeadm-control-plane-manager-leader-election-capi")
+        })
+        .count();
+    assert_eq!(kcp, 2, "the control plane's Lease in both clusters:\n{log}");
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("Lease: would"))
+            .all(|l| l.contains(
+                "proven when the kubelet reports its leader's Pod ended: deleted, it has 10s to end"
+            )),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("then lift handoff's")
+            && l.contains("expected about 10s after the source's stop")
+            && l.contains("60s at the latest")),
+        "{log}"
+    );
+    src.nothing_of_handoff_at_all();
+    dst.nothing_of_handoff_at_all();
+
     // A Lease taken back during the first attempt stops it; the same command then finishes
     // the move: move 1. Then back.
     a_lease_taken_back_stops_the_move(&rig, &src, &dst, "ns1");

@@ -344,8 +344,12 @@ pub async fn dry_run(
     }
     out.say("3. once clusterctl has paused them and the providers lifted their block-move, stop the source's controllers:");
     let source_wait = plan_open(std::slice::from_ref(source), &opts.open, out).await?;
-    out.say(format!("   then lift handoff's {BLOCK_MOVE} once both clusters are proven stopped: about {}s after the source's stop (the longest former lease duration, target {target_wait}s, source {source_wait}s), plus up to a step of clusterctl's block-move backoff (5 s × 1.5ⁿ) before it notices",
-        target_wait.max(source_wait)));
+    let (expected, at_latest) = (
+        target_wait.expected.max(source_wait.expected),
+        target_wait.at_latest.max(source_wait.at_latest),
+    );
+    out.say(format!("   then lift handoff's {BLOCK_MOVE} once both clusters are proven stopped: expected about {expected}s after the source's stop (each former leader's proof above), {at_latest}s at the latest (the longest former lease duration, target {}s, source {}s); clusterctl notices at its next block-move check (at once, then 5 s × 1.5ⁿ after its first)",
+        target_wait.at_latest, source_wait.at_latest));
     out.say("4. after clusterctl succeeds: restore the target's controllers, then the source's");
     out.say(format!(
         "handoff move --dry-run: running {} {}",

@@ -115,15 +115,25 @@ pub async fn choose(
     Ok((selector, policy, out))
 }
 
+/// How long the proof of a stop by Lease is expected to wait after the take-over, as a dry
+/// run reads it: the slowest of the Leases it would take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProofWait {
+    /// By the proof each former leader is expected to get (`proof::expected`).
+    pub expected: i64,
+    /// By the Leases' bounds (the longest former lease duration).
+    pub at_latest: i64,
+}
+
 /// What `open` would do on each cluster, read without writing anything: the preflight, the
 /// window it would create or re-open, and how it would stop each Deployment. Returns how long
-/// the proof would wait: the longest former lease duration of the Leases it would take.
+/// the proof would wait.
 pub async fn plan_open(
     clusters: &[Cluster],
     opts: &OpenOptions,
     out: &mut Progress,
-) -> Result<i32> {
-    let mut longest = 0;
+) -> Result<ProofWait> {
+    let mut wait = ProofWait::default();
     for c in clusters {
         let (selector, policy, choices) = choose(c, opts).await?;
         let findings = preflight(c, &selector, &opts.own).await?;
@@ -154,18 +164,32 @@ pub async fn plan_open(
             out.say(format!("{}: no Deployment matches {selector}", c.label));
         }
         for ch in &choices {
+            let standby = opts.standby && plan::needs_standby(ch.replicas, None);
             if let Stop::Lease(leases) = &ch.plan {
                 for l in leases.iter().filter(|l| l.window().is_none()) {
-                    longest = longest.max(l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS));
+                    let bound = l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS);
+                    wait.at_latest = wait.at_latest.max(i64::from(bound));
+                    wait.expected = wait.expected.max(expected(ch, l, standby).within);
                 }
             }
-            let standby = opts.standby && plan::needs_standby(ch.replicas, None);
             let what = planned(ch, standby);
             out.say(format!("{}: {}: {what}", c.label, ch.what()));
         }
     }
     out.say("dry run: nothing was written");
-    Ok(longest)
+    Ok(wait)
+}
+
+/// The proof a Lease's former leader is expected to get.
+fn expected(ch: &Choice, l: &LeaseSeen, standby: bool) -> proof::Expected {
+    proof::expected(
+        &l.holder,
+        &ch.name,
+        // A Ready pod stays: another replica, or the standby; so the leader's is deleted.
+        standby || ch.replicas >= 2,
+        ch.grace,
+        l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS),
+    )
 }
 
 /// What `open` would do to one Deployment, said; `standby`: a standby replica comes first.
@@ -192,14 +216,7 @@ fn planned(ch: &Choice, standby: bool) -> String {
                         &l.holder
                     },
                     l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS),
-                    proof::expected(
-                        &l.holder,
-                        &ch.name,
-                        // A Ready pod stays: another replica, or the standby.
-                        !standby.is_empty() || ch.replicas >= 2,
-                        ch.grace,
-                        l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS),
-                    )
+                    expected(ch, l, !standby.is_empty()).said
                 ),
             })
             .collect::<Vec<_>>()

@@ -327,16 +327,24 @@ fn a_report_lists_every_ended_instance_in_state_and_last_state() {
 #[test]
 fn a_dry_run_says_which_proof_each_leader_is_expected_to_get() {
     let dep = "capi-controller-manager";
-    assert!(expected("", dep, true, 10, 15).contains("nobody leads"));
+    let nobody = expected("", dep, true, 10, 15);
+    assert!(nobody.said.contains("nobody leads") && nobody.within == 0);
     let deleted = expected(HOLDER, dep, true, 10, 15);
     assert!(
-        deleted.contains("kubelet reports its leader's Pod ended") && deleted.contains("10s"),
-        "{deleted}"
+        deleted
+            .said
+            .contains("kubelet reports its leader's Pod ended")
+            && deleted.said.contains("10s"),
+        "{deleted:?}"
     );
-    assert!(expected(HOLDER, dep, false, 10, 60).contains("restarted"));
+    assert_eq!(deleted.within, 10, "its grace period, not the bound");
+    // A grace period longer than the Lease: the bound comes first.
+    assert_eq!(expected(HOLDER, dep, true, 30, 15).within, 15);
+    let restart = expected(HOLDER, dep, false, 10, 60);
+    assert!(restart.said.contains("restarted") && restart.within == 60);
     let laptop = expected("laptop_0a1b", dep, true, 10, 60);
     assert!(
-        laptop.starts_with("proven by its Lease bound, 60s"),
-        "{laptop}"
+        laptop.said.starts_with("proven by its Lease bound, 60s") && laptop.within == 60,
+        "{laptop:?}"
     );
 }
