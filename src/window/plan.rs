@@ -521,6 +521,8 @@ mod tests {
             lease("extra", "capi-controller-manager-extra-5c6d7e8f9-abcde_u2"),
             lease("released", ""),
             lease("node", "node-1"),
+            // A manager run outside the cluster: no Pod of any Deployment (the docs say so).
+            lease("laptop", "laptop-of-an-operator_0a1b2c3d"),
         ];
         let got = claims(CAPI, &leases, "move");
         assert_eq!(got.len(), 1);
