@@ -8,6 +8,9 @@
 #   3. `clusterctl move -n plain`, timed; then `handoff move -n many`, timed, its memory (max RSS)
 #      and every API request it made (kube's debug log: method and path, counted);
 #   4. what each cluster's summary line says, and the move's own phases.
+# MODE=directory does a backup and a restore instead of step 3: `clusterctl move -n plain
+# --to-directory`, then `handoff move -n many --to-directory`, each timed; then each folder
+# restored into the second management cluster, plain first (`--from-directory`), each timed.
 # Everything runs in a network namespace of its own and is stopped at the end (KEEP=1 keeps it).
 # Needs root, kubectl, python3 with PyYAML, iproute2, util-linux, xz-utils, openssl; cargo build
 # first (target/debug/handoff). Prints a summary line per figure; the full logs stay in $W.
@@ -63,23 +66,52 @@ done
 for p in "${pids[@]}"; do wait "$p" || { tail -n 5 "$W"/workload-*.log; exit 1; }; done
 say "$N workload clusters in each of namespaces many and plain"
 
-t=$(now)
-clusterctl_out=$("$CAPI_ROOT/bin/clusterctl" move --kubeconfig "$SRC" --to-kubeconfig "$DST" -n plain 2>&1) ||
-  { echo "$clusterctl_out"; exit 1; }
-plain=$(since "$t")
-say "plain clusterctl move of $N clusters: ${plain}s"
-
-t=$(now)
-RUST_LOG=info,kube_client=debug python3 - "$H" move --kubeconfig "$SRC" --to-kubeconfig "$DST" -n many \
-  --clusterctl "$CAPI_ROOT/bin/clusterctl" >"$W/handoff-move.log" 2>&1 <<'EOF'
+# `handoff move ARGS…` with kube's debug log (every request) into $W/handoff-move.log, timed
+# into $took; its memory and its clusterctl's (max RSS) at the end of the log.
+handoff_move() {
+  local t rc
+  t=$(now)
+  RUST_LOG=info,kube_client=debug python3 - "$H" move "$@" --clusterctl "$CAPI_ROOT/bin/clusterctl" \
+    >"$W/handoff-move.log" 2>&1 <<'EOF'
 import resource, subprocess, sys
 rc = subprocess.run(sys.argv[1:]).returncode
 print(f"max RSS of handoff move and clusterctl: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} KiB", file=sys.stderr)
 sys.exit(rc)
 EOF
-rc=$?
-took=$(since "$t")
-((rc == 0)) || { tail -40 "$W/handoff-move.log"; exit 1; }
+  rc=$?
+  took=$(since "$t")
+  ((rc == 0)) || { tail -40 "$W/handoff-move.log"; exit 1; }
+}
+# Plain `clusterctl move ARGS…`, timed into $plain.
+plain_move() {
+  local t out
+  t=$(now)
+  out=$("$CAPI_ROOT/bin/clusterctl" move "$@" 2>&1) || { echo "$out"; exit 1; }
+  plain=$(since "$t")
+}
+
+if [[ ${MODE:-move} == directory ]]; then
+  mkdir -p "$W/plain" "$W/many"
+  plain_move --kubeconfig "$SRC" -n plain --to-directory "$W/plain"
+  say "plain clusterctl backup of $N clusters: ${plain}s ($(ls "$W/plain" | wc -l) files)"
+  handoff_move --kubeconfig "$SRC" -n many --to-directory "$W/many"
+  say "handoff move backup of $N clusters: ${took}s ($(ls "$W/many" | wc -l) files)"
+  grep -E "clusterctl exited|backup done|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
+  mv "$W/handoff-move.log" "$W/handoff-backup.log"
+  plain_move --to-kubeconfig "$DST" --from-directory "$W/plain"
+  say "plain clusterctl restore of $N clusters: ${plain}s"
+  handoff_move --to-kubeconfig "$DST" --from-directory "$W/many"
+  say "handoff move restore of $N clusters: ${took}s"
+  grep -E "clusterctl exited|restore done|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
+  mv "$W/handoff-move.log" "$W/handoff-restore.log"
+  say "logs in $W"
+  exit 0
+fi
+
+plain_move --kubeconfig "$SRC" --to-kubeconfig "$DST" -n plain
+say "plain clusterctl move of $N clusters: ${plain}s"
+
+handoff_move --kubeconfig "$SRC" --to-kubeconfig "$DST" -n many
 say "handoff move of $N clusters: ${took}s"
 grep -E "moved in|were stopped for|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
 # Every request handoff made (kube_client's "requesting" event, inside its HTTP span).

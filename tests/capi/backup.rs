@@ -58,6 +58,12 @@ fn held_at(m: &Mgmt, leases: &Watch, at: u64) -> Result<(), String> {
 
 /// `handoff move` with `clusterctl` (the rig's, or one that fails) and `args`.
 fn handoff_move(rig: &Rig, clusterctl: &Path, args: &[&str]) -> (bool, String) {
+    let (code, log) = handoff_move_code(rig, clusterctl, args);
+    (code == Some(0), log)
+}
+
+/// The same, with handoff's exit code.
+fn handoff_move_code(rig: &Rig, clusterctl: &Path, args: &[&str]) -> (Option<i32>, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
     cmd.arg("move")
         .args(args)
@@ -68,7 +74,7 @@ fn handoff_move(rig: &Rig, clusterctl: &Path, args: &[&str]) -> (bool, String) {
         cmd.env(k, v);
     }
     let out = cmd.output().expect("handoff move");
-    (out.status.success(), text(&out.stderr) + &text(&out.stdout))
+    (out.status.code(), text(&out.stderr) + &text(&out.stdout))
 }
 
 /// The Cluster's `spec.paused` as each write left it: `(revision, paused)`.
@@ -128,7 +134,7 @@ fn a_backup_and_a_restore_into_a_fresh_cluster_with_the_controllers_stopped() {
     std::fs::create_dir_all(&backup).expect("backup folder");
     let real = rig.clusterctl();
     let failing = dir.path().join("clusterctl-that-fails");
-    std::fs::write(&failing, "#!/bin/sh\necho 'injected failure' >&2\nexit 1\n").expect("script");
+    std::fs::write(&failing, "#!/bin/sh\necho 'injected failure' >&2\nexit 3\n").expect("script");
     std::fs::set_permissions(
         &failing,
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
@@ -146,12 +152,35 @@ fn a_backup_and_a_restore_into_a_fresh_cluster_with_the_controllers_stopped() {
     ];
 
     // A backup whose clusterctl fails puts everything back: the Cluster unpaused, the
-    // controllers leading, nothing of handoff left.
-    let (ok, log) = handoff_move(&rig, &failing, &backup_args);
+    // controllers leading, nothing of handoff left. Its progress as a pipeline reads it
+    // (`-o json`): the backup's steps, in order, and clusterctl's exit code as handoff's.
+    let json_args = [&backup_args[..], &["-o", "json"]].concat();
+    let (code, log) = handoff_move_code(&rig, &failing, &json_args);
     eprintln!("a failing backup:\n{log}");
-    assert!(!ok, "{log}");
+    assert_eq!(code, Some(3), "clusterctl's exit code:\n{log}");
     assert!(
         log.contains("The controllers and the Clusters are back as they were"),
+        "{log}"
+    );
+    let steps: Vec<String> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "step" && e["of"] == "backup")
+        .map(|e| e["step"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "Check",
+            "Record",
+            "Pause",
+            "WaitUnblocked",
+            "Stop",
+            "Unpause",
+            "RunClusterctl",
+            "PutBack",
+            "Uninstall"
+        ],
         "{log}"
     );
     let c = lost.get(&["-n", "ns1", "clusters.cluster.x-k8s.io", "wl1"]);
@@ -252,6 +281,26 @@ fn a_backup_and_a_restore_into_a_fresh_cluster_with_the_controllers_stopped() {
         log.contains("The controllers handoff stopped stay stopped"),
         "{log}"
     );
+    assert!(fresh.window_holds_every_provider_lease(), "{log}");
+    // `--abort` brings them back instead, and takes away what the window brought.
+    let abort_args = [&restore_args[..], &["--abort"]].concat();
+    let (ok, log) = handoff_move(&rig, &failing, &abort_args);
+    eprintln!("the failed restore aborted:\n{log}");
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("handoff move --abort: the controllers are back"),
+        "{log}"
+    );
+    assert!(!fresh.window_holds_any_provider_lease(), "{log}");
+    fresh.nothing_of_handoff_at_all();
+    eventually(
+        "fresh: the providers lead again after the abort",
+        Duration::from_secs(120),
+        || fresh.providers_lead().then_some(()),
+    );
+    // Failed once more, then finished by the same command.
+    let (ok, log) = handoff_move(&rig, &failing, &restore_args);
+    assert!(!ok, "{log}");
     assert!(fresh.window_holds_every_provider_lease(), "{log}");
     let t = Instant::now();
     let (ok, log) = handoff_move(&rig, &real, &restore_args);

@@ -46,6 +46,11 @@ impl DirectoryOptions {
             Direction::Restore => "restore",
         }
     }
+
+    /// Say that the run performs `step` (an event under `-o json`, a line under `-v`).
+    fn step(&self, out: &mut Progress, step: &str) {
+        out.step(self.what(), step);
+    }
 }
 
 /// One backup or restore, from start to end, or its `--abort`; a run that died is put back
@@ -94,6 +99,9 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
             }
         ));
     }
+    if !start.unpause.is_empty() || start.close {
+        o.step(out, "PutBack");
+    }
     for key in &start.unpause {
         set_paused(c, key, false).await?;
         out.say(format!(
@@ -107,6 +115,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
     }
     match start.then {
         Then::Refuse(message) => {
+            o.step(out, "Refuse");
             uninstall(c, o, out).await?;
             return Err(WindowError::Refused {
                 cluster: c.label.clone(),
@@ -114,6 +123,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
             });
         }
         Then::Aborted => {
+            o.step(out, "Aborted");
             if rec.is_some() {
                 set_phase(c, &o.window, MovePhase::Aborted).await?;
             }
@@ -134,6 +144,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
             };
         }
     }
+    o.step(out, "Done");
     out.say(format!(
         "handoff move: {what} done in {:.1}s ({})",
         started.elapsed().as_secs_f64(),
@@ -161,6 +172,7 @@ async fn note(c: &Cluster, window: &str, f: impl Fn(&mut MoveRecord)) -> Result<
 /// What the window brought, removed once the run has recorded how it ended (`close` itself is
 /// asked to leave it: removing the CRD deletes the window and its record with it).
 async fn uninstall(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<()> {
+    o.step(out, "Uninstall");
     say_removed(c, &o.window, out).await
 }
 
@@ -174,12 +186,14 @@ async fn backup(
     clusters: &[super::super::move_plan::ClusterSeen],
     out: &mut Progress,
 ) -> Result<()> {
+    o.step(out, "Check");
     check(std::slice::from_ref(c), &o.open, out).await?;
     let quiet = OpenOptions {
         quiet_preflight: true,
         ..o.open.clone()
     };
     // The window and its record before the first pause: a run that dies after it is put back.
+    o.step(out, "Record");
     let read = read_window(c, &o.window).await?;
     window_at_least_closed(c, &quiet, read).await?;
     let keys: Vec<String> = clusters.iter().map(|k| k.key.clone()).collect();
@@ -197,6 +211,7 @@ async fn backup(
     .await?;
     let ran = stop_and_back_up(c, o, &quiet, ns, &keys, out).await;
     // clusterctl unpauses at its end; a run that stopped before may have left them paused.
+    o.step(out, "PutBack");
     let now_seen = clusters_in(c, ns).await?;
     for key in super::super::move_plan::to_unpause(&[], &keys, &now_seen) {
         set_paused(c, &key, false).await?;
@@ -239,6 +254,7 @@ async fn stop_and_back_up(
     keys: &[String],
     out: &mut Progress,
 ) -> Result<()> {
+    o.step(out, "Pause");
     for key in keys {
         set_paused(c, key, true).await?;
     }
@@ -249,13 +265,16 @@ async fn stop_and_back_up(
             keys.join(", ")
         ));
     }
+    o.step(out, "WaitUnblocked");
     wait_unblocked(c, o, ns, out).await?;
+    o.step(out, "Stop");
     open(std::slice::from_ref(c), quiet, out).await?;
     note(c, &o.window, |m| {
         m.phase = MovePhase::Copying;
         m.source_stopped_at.get_or_insert_with(now);
     })
     .await?;
+    o.step(out, "Unpause");
     for key in keys {
         set_paused(c, key, false).await?;
     }
@@ -319,11 +338,13 @@ async fn restore(
     out: &mut Progress,
 ) -> Result<()> {
     if !stopped_already {
+        o.step(out, "Check");
         check(std::slice::from_ref(c), &o.open, out).await?;
         let quiet = OpenOptions {
             quiet_preflight: true,
             ..o.open.clone()
         };
+        o.step(out, "Record");
         let read = read_window(c, &o.window).await?;
         window_at_least_closed(c, &quiet, read).await?;
         record(c, &o.window, |s| {
@@ -337,6 +358,7 @@ async fn restore(
             });
         })
         .await?;
+        o.step(out, "Stop");
         open(std::slice::from_ref(c), &quiet, out).await?;
     }
     note(c, &o.window, |m| {
@@ -346,6 +368,7 @@ async fn restore(
     })
     .await?;
     if let Err(e) = clusterctl(c, o, out).await {
+        o.step(out, "Fail");
         note(c, &o.window, |m| {
             m.phase = MovePhase::Failed;
             m.error = Some(e.to_string());
@@ -357,6 +380,7 @@ async fn restore(
         ));
         return Err(e);
     }
+    o.step(out, "Restore");
     note(c, &o.window, |m| m.phase = MovePhase::Restoring).await?;
     close(std::slice::from_ref(c), &o.closing(), out).await?;
     note(c, &o.window, |m| {
@@ -369,6 +393,7 @@ async fn restore(
 
 /// clusterctl, with the controllers stopped; its output as a move's.
 async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<()> {
+    o.step(out, "RunClusterctl");
     let args = directory_plan::clusterctl_args(&o.flags);
     out.say(format!(
         "handoff move: running {} {}",
@@ -391,9 +416,10 @@ async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Re
     ));
     match status.code {
         Some(0) => Ok(()),
-        _ => Err(WindowError::Refused {
-            cluster: c.label.clone(),
-            message: format!("clusterctl move exited {}", status.describe()),
+        // handoff exits with clusterctl's code, as a move does.
+        _ => Err(WindowError::Clusterctl {
+            code: status.exit_code(),
+            help: format!("{}: clusterctl move exited {}", c.label, status.describe()),
         }),
     }
 }
