@@ -534,6 +534,92 @@ fn a_lease_window_stops_the_reconcilers_and_keeps_the_webhooks() {
     );
 }
 
+/// A Lease released moments ago (a move's source at its end, a window closed just before) has
+/// no holder until a candidate takes it, so nothing on it says whose it is: a window opened
+/// then waits for a candidate and stops the Deployment by its Lease. Taken for a Deployment
+/// without leader election instead, it would be pinned to 0, its fail-closed webhook with it.
+#[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
+fn a_lease_released_moments_ago_is_waited_for_not_taken_for_none() {
+    if skip()
+        || !support::netns::in_own_netns(
+            "a_lease_released_moments_ago_is_waited_for_not_taken_for_none",
+        )
+    {
+        return;
+    }
+    // Candidates that try every 5 s (plus up to 120 % jitter): a Lease written free stays free
+    // 5–11 s, and the window reads it well within that.
+    let slow = LeaseTiming {
+        duration: Duration::from_secs(15),
+        renew_deadline: Duration::from_secs(10),
+        retry_period: Duration::from_secs(5),
+    };
+    let m = Mgmt::start(
+        "cluster",
+        vec![
+            ProviderSpec::capi_core()
+                .replicas(2)
+                .lease(slow)
+                .webhook_service("capi-webhook-service", [10, 0, 0, 22].into()),
+        ],
+    );
+    let (ns, lease) = CAPI_LEASE.split_once('/').unwrap();
+    support::apiserver::eventually("a pod of Cluster API core leading", WAIT, || {
+        get(&m.api, &["-n", ns, "lease", lease])["spec"]["holderIdentity"]
+            .as_str()
+            .filter(|h| h.starts_with(CAPI))
+            .map(|_| ())
+    });
+    // Written free as client-go's release writes it.
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    m.api.ok(
+        ADMIN,
+        &[
+            "-n",
+            ns,
+            "patch",
+            "lease",
+            lease,
+            "--type",
+            "merge",
+            "-p",
+            &format!(
+                r#"{{"spec":{{"holderIdentity":"","leaseDurationSeconds":1,"acquireTime":"{now}","renewTime":"{now}"}}}}"#
+            ),
+        ],
+    );
+    let out = handoff(
+        &m.api,
+        ADMIN,
+        &["window", "open", "released", "--wait-timeout", "60s"],
+    );
+    let log = text(&out.stdout) + &text(&out.stderr);
+    eprintln!("window open right after a release:\n{log}");
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "Lease {CAPI_LEASE} was released moments ago and no candidate holds it yet; waiting"
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("took Lease {CAPI_LEASE} from {CAPI}-")),
+        "{log}"
+    );
+    assert!(!log.contains("pinned"), "{log}");
+    assert_eq!(replicas(&m.api, ns, CAPI), 2);
+    let w = get(&m.api, &["movewindow", "released"]);
+    assert_eq!(w["status"]["pinned"][0]["strategy"], "Lease", "{w}");
+    let out = handoff(&m.api, ADMIN, &["window", "close", "released"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 /// `handoff window ARGS --source S --target T` as the operator.
 fn window(source: &Mgmt, target: &Mgmt, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_handoff"))

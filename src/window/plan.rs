@@ -91,6 +91,8 @@ pub struct LeaseSeen {
     pub former_duration: Option<i32>,
     /// `handoff.dev/window-operator`: who may write it while it is held.
     pub operator: Option<String>,
+    /// `spec.renewTime`.
+    pub renewed: Option<Timestamp>,
 }
 
 impl LeaseSeen {
@@ -120,6 +122,7 @@ impl LeaseSeen {
             former_holder: ann(FORMER_HOLDER_ANNOTATION),
             former_duration: ann(FORMER_DURATION_ANNOTATION).and_then(|d| d.parse().ok()),
             operator: ann(OPERATOR_ANNOTATION),
+            renewed: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
         }
     }
 
@@ -206,6 +209,23 @@ pub fn claims(deployment: &str, leases: &[LeaseSeen], window: &str) -> Vec<Claim
         .collect();
     out.sort_by(|a, b| a.lease().name.cmp(&b.lease().name));
     out
+}
+
+/// How long a Lease written free is taken for one that a candidate is about to take: client-go
+/// candidates try again every `RetryPeriod` plus up to 120 % jitter
+/// (`tools/leaderelection/leaderelection.go`, `acquire`: `wait.JitterUntil(…, RetryPeriod,
+/// JitterFactor 1.2, …)`): 2–4.4 s for Cluster API's managers, 5–11 s for the kubeadm control
+/// plane. Longer than any of those, and short enough to wait out where none comes.
+pub const RELEASE_SETTLES: SignedDuration = SignedDuration::from_secs(30);
+
+/// A Lease written free moments ago (an empty holder: a release, client-go's or a window's)
+/// that no candidate has taken yet: until one does, nothing on it names the Deployment whose
+/// Lease it is, so `claims` finds none and that Deployment would look like one without leader
+/// election (and be pinned to 0). `Some(until)`: how long to wait for a candidate to take it.
+/// A Lease free for longer (its Deployment has no candidate) is what it looks like.
+pub fn awaits_candidate(l: &LeaseSeen, now: Timestamp) -> Option<Timestamp> {
+    let until = l.renewed?.checked_add(RELEASE_SETTLES).ok()?;
+    (l.holder.is_empty() && now < until).then_some(until)
 }
 
 /// How `open` stops one Deployment.
@@ -509,6 +529,34 @@ mod tests {
         ] {
             assert!(!pod_of_deployment(other, CAPI), "{other}");
         }
+    }
+
+    #[test]
+    fn a_lease_written_free_moments_ago_awaits_its_candidates() {
+        let now: Timestamp = "2026-12-05T10:00:00Z".parse().unwrap();
+        let at = |secs: i64| Some(now - SignedDuration::from_secs(secs));
+        // Released 1 s ago: a candidate takes it at its next try; wait until 30 s after.
+        let mut free = lease("controller-leader-election-capi", "");
+        free.renewed = at(1);
+        assert_eq!(
+            awaits_candidate(&free, now),
+            Some(now + SignedDuration::from_secs(29))
+        );
+        // Free for longer than any candidate's retry: no candidate is coming.
+        free.renewed = at(30);
+        assert_eq!(awaits_candidate(&free, now), None);
+        // Held, by a pod or by a window, says whose it is already.
+        let mut held = lease(
+            "controller-leader-election-capi",
+            "capi-controller-manager-7d9f8b6c4-x2k4j_u1",
+        );
+        held.renewed = at(1);
+        assert_eq!(awaits_candidate(&held, now), None);
+        held.holder = holder_identity("move");
+        assert_eq!(awaits_candidate(&held, now), None);
+        // Never renewed: nothing says when it was freed.
+        free.renewed = None;
+        assert_eq!(awaits_candidate(&free, now), None);
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub fn leased(choices: &[Choice], finding: &Finding) -> bool {
 pub async fn choose(
     c: &Cluster,
     opts: &OpenOptions,
+    progress: &mut Progress,
 ) -> Result<(Selector, StopPolicy, Vec<Choice>)> {
     let (selector, policy, recorded) = in_force(c, opts).await?;
     let deployments = selected_deployments(c, &selector, &opts.own).await?;
@@ -65,11 +66,34 @@ pub async fn choose(
         if !by_ns.contains_key(&ns) {
             by_ns.insert(ns.clone(), lease::leases_in(c, &ns).await?);
         }
-        let leases = &by_ns[&ns];
-        let claims = plan::claims(&name, leases, &opts.name);
         let rec = recorded
             .iter()
             .find(|p| p.namespace == ns && p.name == name);
+        let mut claims = plan::claims(&name, &by_ns[&ns], &opts.name);
+        // A Lease released moments ago (a move's source, a window closed just before) names no
+        // holder until a candidate takes it: waited for, or this Deployment would be chosen as
+        // one without leader election.
+        if claims.is_empty() && rec.is_none() && policy != StopPolicy::Scale {
+            let mut said = false;
+            while let Some((l, until)) = by_ns[&ns].iter().find_map(|l| {
+                plan::awaits_candidate(l, k8s_openapi::jiff::Timestamp::now()).map(|u| (l, u))
+            }) {
+                if !said {
+                    progress.say(format!(
+                        "{}: Lease {ns}/{} was released moments ago and no candidate holds it yet; waiting for one to take it (until {until} at the latest), to tell whose it is",
+                        c.label, l.name
+                    ));
+                    said = true;
+                }
+                tokio::time::sleep(RELEASED_POLL).await;
+                by_ns.insert(ns.clone(), lease::leases_in(c, &ns).await?);
+                claims = plan::claims(&name, &by_ns[&ns], &opts.name);
+                if !claims.is_empty() {
+                    break;
+                }
+            }
+        }
+        let leases = &by_ns[&ns];
         let what = format!("{ns}/{name}");
         let stop = match plan::choose_stop(policy, &what, rec, &claims) {
             StopChoice::Refuse(message) => {
@@ -125,6 +149,10 @@ pub struct ProofWait {
     pub at_latest: i64,
 }
 
+/// How often the Leases of a namespace are read while one released moments ago awaits a
+/// candidate (a candidate takes it within seconds).
+const RELEASED_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// What `open` would do on each cluster, read without writing anything: the preflight, the
 /// window it would create or re-open, and how it would stop each Deployment. Returns how long
 /// the proof would wait.
@@ -135,7 +163,7 @@ pub async fn plan_open(
 ) -> Result<ProofWait> {
     let mut wait = ProofWait::default();
     for c in clusters {
-        let (selector, policy, choices) = choose(c, opts).await?;
+        let (selector, policy, choices) = choose(c, opts, out).await?;
         let findings = preflight(c, &selector, &opts.own).await?;
         let window = match &read_window(c, &opts.name).await? {
             None => format!("would create MoveWindow {} (Open)", opts.name),

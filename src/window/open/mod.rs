@@ -213,7 +213,7 @@ pub async fn ready_standbys(c: &Cluster, opts: &OpenOptions, out: &mut Progress)
         return Ok(());
     }
     // Chosen as `take` will choose (the caller ran the preflight already).
-    let (_, _, choices) = choose(c, opts).await?;
+    let (_, _, choices) = choose(c, opts, out).await?;
     let leased: Vec<&Choice> = choices
         .iter()
         .filter(|ch| matches!(ch.plan, Stop::Lease(_)))
@@ -294,7 +294,7 @@ async fn checked(
     }
     let mut chosen = Vec::new();
     for c in clusters {
-        chosen.push(choose(c, opts).await?);
+        chosen.push(choose(c, opts, out).await?);
     }
     let mut findings = Vec::new();
     let mut all = Vec::new();
