@@ -90,20 +90,33 @@ plain_move() {
   plain=$(since "$t")
 }
 
+# Every request handoff made, from its log $1 (kube_client's "requesting" event, inside its
+# HTTP span), counted per method and path into $2, and the most frequent said.
+requests() {
+  grep 'requesting' "$1" | sed -E 's/.*http.method=([A-Z]+) http.url=([^ ]+).*/\1 \2/' |
+    sed -E "s#$(server "$SRC")#src #; s#$(server "$DST")#dst #" |
+    sed -E 's#\?.*##; s#/namespaces/[^/]+/#/namespaces/NS/#; s#(/[a-z0-9.-]+s)/[a-z0-9.-]+(/status)?$#\1/NAME\2#' |
+    sort | uniq -c | sort -rn >"$2"
+  say "handoff's API requests: $(awk '{s+=$1} END {print s}' "$2") in all; the most frequent:"
+  head -15 "$2" | sed 's/^/  /'
+}
+
 if [[ ${MODE:-move} == directory ]]; then
   mkdir -p "$W/plain" "$W/many"
   plain_move --kubeconfig "$SRC" -n plain --to-directory "$W/plain"
   say "plain clusterctl backup of $N clusters: ${plain}s ($(ls "$W/plain" | wc -l) files)"
   handoff_move --kubeconfig "$SRC" -n many --to-directory "$W/many"
   say "handoff move backup of $N clusters: ${took}s ($(ls "$W/many" | wc -l) files)"
-  grep -E "clusterctl exited|backup done|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
+  grep -E "proven stopped in|clusterctl exited|leads again|backup done|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
   mv "$W/handoff-move.log" "$W/handoff-backup.log"
+  requests "$W/handoff-backup.log" "$W/requests-backup.txt"
   plain_move --to-kubeconfig "$DST" --from-directory "$W/plain"
   say "plain clusterctl restore of $N clusters: ${plain}s"
   handoff_move --to-kubeconfig "$DST" --from-directory "$W/many"
   say "handoff move restore of $N clusters: ${took}s"
-  grep -E "clusterctl exited|restore done|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
+  grep -E "proven stopped in|clusterctl exited|leads again|restore done|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
   mv "$W/handoff-move.log" "$W/handoff-restore.log"
+  requests "$W/handoff-restore.log" "$W/requests-restore.txt"
   say "logs in $W"
   exit 0
 fi
@@ -114,11 +127,5 @@ say "plain clusterctl move of $N clusters: ${plain}s"
 handoff_move --kubeconfig "$SRC" --to-kubeconfig "$DST" -n many
 say "handoff move of $N clusters: ${took}s"
 grep -E "moved in|were stopped for|max RSS" "$W/handoff-move.log" | sed 's/^/  /'
-# Every request handoff made (kube_client's "requesting" event, inside its HTTP span).
-grep 'requesting' "$W/handoff-move.log" | sed -E 's/.*http.method=([A-Z]+) http.url=([^ ]+).*/\1 \2/' |
-  sed -E "s#$(server "$SRC")#src #; s#$(server "$DST")#dst #" |
-  sed -E 's#\?.*##; s#/namespaces/[^/]+/#/namespaces/NS/#; s#(/[a-z0-9.-]+s)/[a-z0-9.-]+(/status)?$#\1/NAME\2#' |
-  sort | uniq -c | sort -rn >"$W/requests.txt"
-say "handoff's API requests: $(awk '{s+=$1} END {print s}' "$W/requests.txt") in all; the most frequent:"
-head -15 "$W/requests.txt" | sed 's/^/  /'
+requests "$W/handoff-move.log" "$W/requests.txt"
 say "logs in $W"

@@ -228,7 +228,7 @@ pub fn expected(
                 format!(
                     "proven when the kubelet reports its leader's Pod ended: deleted, it has {grace}s to end (terminationGracePeriodSeconds); at the latest the Lease bound, {lease_seconds}s"
                 ),
-                grace.clamp(0, bound),
+                grace.max(0).min(bound),
             ),
             // It notices the Lease lost within its renew deadline, which only it knows.
             Some(_) => (

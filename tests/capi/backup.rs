@@ -179,6 +179,7 @@ fn a_backup_and_a_restore_into_a_fresh_cluster_with_the_controllers_stopped() {
             "Unpause",
             "RunClusterctl",
             "PutBack",
+            "Fail",
             "Uninstall"
         ],
         "{log}"
@@ -274,14 +275,17 @@ fn a_backup_and_a_restore_into_a_fresh_cluster_with_the_controllers_stopped() {
     ];
     // A restore whose clusterctl fails keeps the controllers stopped; the same command again
     // runs clusterctl again with them still stopped.
-    let (ok, log) = handoff_move(&rig, &failing, &restore_args);
+    let (code, log) = handoff_move_code(&rig, &failing, &restore_args);
     eprintln!("a failing restore:\n{log}");
-    assert!(!ok, "{log}");
+    assert_eq!(code, Some(3), "clusterctl's exit code:\n{log}");
     assert!(
         log.contains("The controllers handoff stopped stay stopped"),
         "{log}"
     );
     assert!(fresh.window_holds_every_provider_lease(), "{log}");
+    let record = &fresh.get(&["movewindow", "restore"])["status"]["move"];
+    assert_eq!(record["phase"], "Failed", "{record}");
+    assert_eq!(record["clusterctlExit"], 3, "{record}");
     // `--abort` brings them back instead, and takes away what the window brought.
     let abort_args = [&restore_args[..], &["--abort"]].concat();
     let (ok, log) = handoff_move(&rig, &failing, &abort_args);
@@ -299,8 +303,8 @@ fn a_backup_and_a_restore_into_a_fresh_cluster_with_the_controllers_stopped() {
         || fresh.providers_lead().then_some(()),
     );
     // Failed once more, then finished by the same command.
-    let (ok, log) = handoff_move(&rig, &failing, &restore_args);
-    assert!(!ok, "{log}");
+    let (code, log) = handoff_move_code(&rig, &failing, &restore_args);
+    assert_eq!(code, Some(3), "clusterctl's exit code:\n{log}");
     assert!(fresh.window_holds_every_provider_lease(), "{log}");
     let t = Instant::now();
     let (ok, log) = handoff_move(&rig, &real, &restore_args);

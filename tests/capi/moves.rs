@@ -551,7 +551,7 @@ fn handoff_move_with_the_real_clusterctl_and_providers() {
     );
     assert!(
         log.lines().any(|l| l.contains("then lift handoff's")
-            && l.contains("expected about 10s after the source's stop")
+            && l.contains("expected within 10s of the source's stop")
             && l.contains("60s at the latest")),
         "{log}"
     );

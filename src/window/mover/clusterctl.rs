@@ -348,7 +348,7 @@ pub async fn dry_run(
         target_wait.expected.max(source_wait.expected),
         target_wait.at_latest.max(source_wait.at_latest),
     );
-    out.say(format!("   then lift handoff's {BLOCK_MOVE} once both clusters are proven stopped: expected about {expected}s after the source's stop (each former leader's proof above), {at_latest}s at the latest (the longest former lease duration, target {}s, source {}s); clusterctl notices at its next block-move check (at once, then 5 s × 1.5ⁿ after its first)",
+    out.say(format!("   then lift handoff's {BLOCK_MOVE} once both clusters are proven stopped: expected within {expected}s of the source's stop (each former leader's proof above), {at_latest}s at the latest (the Leases' longest former lease duration, target {}s, source {}s); clusterctl notices at its next block-move check (at once, then 5 s × 1.5ⁿ after its first)",
         target_wait.at_latest, source_wait.at_latest));
     out.say("4. after clusterctl succeeds: restore the target's controllers, then the source's");
     out.say(format!(

@@ -234,8 +234,10 @@ async fn backup(
             uninstall(c, o, out).await
         }
         Err(e) => {
+            o.step(out, "Fail");
             note(c, &o.window, |m| {
                 m.phase = MovePhase::Failed;
+                m.clusterctl_exit = clusterctl_exit(&e);
                 m.error = Some(e.to_string());
             })
             .await?;
@@ -371,6 +373,7 @@ async fn restore(
         o.step(out, "Fail");
         note(c, &o.window, |m| {
             m.phase = MovePhase::Failed;
+            m.clusterctl_exit = clusterctl_exit(&e);
             m.error = Some(e.to_string());
         })
         .await?;
@@ -389,6 +392,14 @@ async fn restore(
     })
     .await?;
     uninstall(c, o, out).await
+}
+
+/// clusterctl's exit code, where it was clusterctl that failed (recorded, as a move's).
+fn clusterctl_exit(e: &WindowError) -> Option<i32> {
+    match e {
+        WindowError::Clusterctl { code, .. } => Some(*code),
+        _ => None,
+    }
 }
 
 /// clusterctl, with the controllers stopped; its output as a move's.
