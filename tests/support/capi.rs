@@ -671,6 +671,10 @@ impl Drop for Mgmt {
 #[derive(Debug, Clone)]
 pub struct Event {
     pub at: f64,
+    /// The earliest the change can have happened: `at` for one the watch delivered as it came;
+    /// for a delete that a re-list found (it happened while the watch was broken: a
+    /// kube-apiserver restart), the last moment the watch had delivered anything before.
+    pub since: f64,
     pub kind: String,
     pub object: Value,
 }
@@ -703,8 +707,10 @@ impl Watch {
             args,
             Default::default(),
             move |kind, object| {
+                let at = wall();
                 sink.lock().unwrap().push(Event {
-                    at: wall(),
+                    at,
+                    since: at,
                     kind: kind.to_string(),
                     object,
                 });
@@ -1060,15 +1066,21 @@ async fn watch_kind(
     let mut known: BTreeMap<String, Value> = BTreeMap::new();
     let mut listing: Option<BTreeMap<String, Value>> = None;
     let mut first = true;
+    // The last moment the watch delivered anything: a delete that a re-list finds happened
+    // after it.
+    let mut delivered = wall();
     let mut stream = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
     while let Some(next) = stream.next().await {
-        let push = |what: &str, object: Value| {
+        let push_since = |what: &str, object: Value, since: Option<f64>| {
+            let at = wall();
             sink.lock().unwrap().push(Event {
-                at: wall(),
+                at,
+                since: since.unwrap_or(at),
                 kind: what.to_string(),
                 object,
             })
         };
+        let push = |what: &str, object: Value| push_since(what, object, None);
         let value = |o: kube::core::DynamicObject| {
             let mut v = serde_json::to_value(o).expect("an object as JSON");
             v["kind"] = Value::from(kind.as_str());
@@ -1100,9 +1112,10 @@ async fn watch_kind(
                 let now = listing.take().unwrap_or_default();
                 for (u, old) in &known {
                     if !now.contains_key(u) {
-                        push("DELETED", old.clone());
+                        push_since("DELETED", old.clone(), Some(delivered));
                     }
                 }
+                delivered = wall();
                 known = now;
                 first = false;
                 lists.lock().unwrap().insert(format!("{group}/{kind}"));
@@ -1116,11 +1129,13 @@ async fn watch_kind(
                 };
                 known.insert(uid(&v), v.clone());
                 push(what, v);
+                delivered = wall();
             }
             Ok(watcher::Event::Delete(o)) => {
                 let v = value(o);
                 known.remove(&uid(&v));
                 push("DELETED", v);
+                delivered = wall();
             }
         }
     }
@@ -1133,6 +1148,9 @@ pub struct Copy {
     pub first_create: (f64, String),
     /// When the last of what the target received was deleted from the source, and which.
     pub last_delete: (f64, String),
+    /// The earliest that last delete can have happened (`Event::since`): before `last_delete`
+    /// where only a re-list after a kube-apiserver restart saw it.
+    pub last_delete_since: f64,
 }
 
 /// The copy of a move that started at `since`: the first create in the target of an object of
@@ -1157,7 +1175,7 @@ pub fn copy_seen(target: &MovedObjects, source: &MovedObjects, since: f64) -> Co
         .filter(|e| e.kind == "ADDED" && e.at >= since)
         .map(|e| kind_name(&e.object))
         .collect();
-    let last_delete = super::apiserver::eventually(
+    let (last_delete, last_delete_since) = super::apiserver::eventually(
         &format!(
             "{}: none of the {} objects the target received left",
             source.what,
@@ -1178,12 +1196,13 @@ pub fn copy_seen(target: &MovedObjects, source: &MovedObjects, since: f64) -> Co
                 .into_iter()
                 .filter(|e| e.kind == "DELETED" && e.at >= since)
                 .filter(|e| received.contains(&kind_name(&e.object)))
-                .map(|e| (e.at, kind_name(&e.object)))
-                .max_by(|a, b| a.0.total_cmp(&b.0))
+                .max_by(|a, b| a.at.total_cmp(&b.at))
+                .map(|e| ((e.at, kind_name(&e.object)), e.since))
         },
     );
     Copy {
         first_create,
         last_delete,
+        last_delete_since,
     }
 }
