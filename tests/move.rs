@@ -452,7 +452,7 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
         "resuming the move recorded in MoveWindow move-alpha",
         "source: unpaused Cluster alpha/workload (clusterctl paused it)",
         "stopping the source's controllers",
-        "lifted handoff's clusterctl.cluster.x-k8s.io/block-move from alpha/workload",
+        "lifted handoff's clusterctl.cluster.x-k8s.io/block-move from Cluster alpha/workload",
         "namespace alpha moved",
     ] {
         assert!(log.contains(want), "{want:?} missing:\n{log}");

@@ -187,7 +187,7 @@ mod tests {
         ClusterSeen {
             key: key.into(),
             paused,
-            block_move: None,
+            ..ClusterSeen::default()
         }
     }
 

@@ -5,7 +5,7 @@
 //! resumes, aborts and ends is here, tested one row per phase and observation, and the
 //! performing code decides nothing.
 
-use super::move_plan::{self, ClusterSeen, PAUSED_ANNOTATION, Start, StartError, abort_refused};
+use super::move_plan::{self, BlockMoveOn, ClusterSeen, Start, StartError, abort_refused};
 use crate::resources::move_window::{MoveRecord, MoveRole};
 use crate::resources::phase::MovePhase;
 
@@ -21,10 +21,14 @@ pub struct Asked {
 /// What the driver read before the step, beside the record.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {
-    /// The namespace's Clusters in the source and in the target, and the source's
-    /// ClusterClasses: read while `reads` says the next step may need them.
+    /// The namespace's Clusters in the source and in the target, and the Clusters of other
+    /// namespaces in the source that use a ClusterClass of this one: read while `reads` says
+    /// the next step may need them.
     pub source: Vec<ClusterSeen>,
     pub target: Vec<ClusterSeen>,
+    pub class_users: Vec<ClusterSeen>,
+    /// The source's ClusterClasses the move touches, in whatever namespace: the namespace's
+    /// own, those its Clusters use (`move_plan::classes_used`) and those the record names.
     pub classes: Vec<ClusterSeen>,
     /// Whether clusterctl had begun deleting from the source: read where a recorded move is
     /// picked up (`reads`).
@@ -54,7 +58,7 @@ pub struct Run {
     pub source_prepared: bool,
     /// The target's controllers taken, and the source Clusters handoff's block-move goes on.
     pub target_taken: bool,
-    pub block_move: Vec<String>,
+    pub block_move: BlockMoveOn,
     /// Proven before clusterctl starts: only where the source is stopped already.
     pub target_proven: bool,
     /// handoff's block-move on, the move recorded as `Moving`.
@@ -62,6 +66,8 @@ pub struct Run {
     pub clusterctl: Option<Outcome>,
     pub lifted: bool,
     pub target_unpaused: bool,
+    /// What clusterctl paused and left in the source unpaused (`UnpauseSource`).
+    pub source_unpaused: bool,
     /// The move recorded as copied (`Restoring`).
     pub copied: bool,
     pub restored: Vec<MoveRole>,
@@ -87,7 +93,7 @@ pub enum Step {
     KeepSourceStopped,
     /// The source's standbys added, the target's controllers taken (proven later), the move's
     /// record begun.
-    StopTarget { block_move: Vec<String> },
+    StopTarget { block_move: BlockMoveOn },
     /// The target proven stopped before clusterctl starts (the source is stopped already).
     ProveTarget,
     /// The move recorded `Moving`, handoff's block-move on.
@@ -101,6 +107,9 @@ pub enum Step {
     Fail,
     /// Unpause these target Clusters, as clusterctl's last step would have.
     UnpauseTarget(Vec<String>),
+    /// Unpause these source ClusterClasses (`namespace/name`), which clusterctl paused and left
+    /// in the source for the Clusters of other namespaces that use them.
+    UnpauseSource(Vec<String>),
     /// Record that clusterctl moved everything (`Restoring`).
     Copied,
     /// One cluster's controllers back.
@@ -135,6 +144,7 @@ impl Step {
             Step::Lift { .. } => "Lift",
             Step::Fail => "Fail",
             Step::UnpauseTarget(_) => "UnpauseTarget",
+            Step::UnpauseSource(_) => "UnpauseSource",
             Step::Copied => "Copied",
             Step::Restore(MoveRole::Target) => "RestoreTarget",
             Step::Restore(MoveRole::Source) => "RestoreSource",
@@ -169,6 +179,7 @@ impl Run {
             Step::Hold => self.held = true,
             Step::Lift { .. } => self.lifted = true,
             Step::UnpauseTarget(_) => self.target_unpaused = true,
+            Step::UnpauseSource(_) => self.source_unpaused = true,
             Step::Copied => self.copied = true,
             Step::Restore(role) => self.restored.push(*role),
             Step::BeginAbort => self.aborting = true,
@@ -188,11 +199,22 @@ pub fn namespace(asked: &Asked, record: Option<&MoveRecord>) -> String {
     }
 }
 
-/// What the driver reads for the next step, beside the record: `(clusters, deletes)`. The
-/// Clusters until the target is taken (where a run starts, what is paused, where the
-/// block-move goes) and for a finished copy's unpause; the deletes (a scan of every moved
-/// kind) only where a recorded move is picked up.
-pub fn reads(asked: &Asked, record: Option<&MoveRecord>, run: &Run) -> (bool, bool) {
+/// What the driver reads for the next step, beside the record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reads {
+    /// The Clusters (`Observed::source`, `target`, `class_users`): until the target is taken
+    /// (where a run starts, what is paused, where the block-move goes) and for a finished
+    /// copy's unpause.
+    pub clusters: bool,
+    /// The ClusterClasses the move touches: with the Clusters, and for the source's unpause at
+    /// the end of a move or an `--abort`.
+    pub classes: bool,
+    /// Whether clusterctl had begun deleting (a scan of every moved kind): only where a
+    /// recorded move is picked up.
+    pub deletes: bool,
+}
+
+pub fn reads(asked: &Asked, record: Option<&MoveRecord>, run: &Run) -> Reads {
     let picking_up = run.began.is_none() && record.is_some_and(|r| !r.phase.is_over());
     // A move recorded done: whether it is done indeed (`Start::Tidy`).
     let done = run.began.is_none()
@@ -202,7 +224,17 @@ pub fn reads(asked: &Asked, record: Option<&MoveRecord>, run: &Run) -> (bool, bo
     let clusters = picking_up
         || done
         || (!asked.abort && run.began.is_some() && !run.target_taken && !run.copied);
-    (clusters, picking_up)
+    let unpausing = !run.source_unpaused
+        && run.began.as_ref().is_some_and(|b| *b != Start::Tidy)
+        && match asked.abort {
+            true => run.lifted,
+            false => run.copied,
+        };
+    Reads {
+        clusters,
+        classes: clusters || unpausing,
+        deletes: picking_up,
+    }
 }
 
 fn refuse(cluster: MoveRole, message: impl ToString) -> Step {
@@ -222,12 +254,12 @@ pub fn next(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed, run: &R
         },
         (None, false) => begin(asked, record, seen),
         (None, true) => begin_abort(asked, record, seen),
-        (Some(_), true) => next_abort(record, run),
+        (Some(_), true) => next_abort(record, seen, run),
         (Some(start), false) => match start {
             Start::Tidy => Step::Done,
             Start::RestoreOnly | Start::FinishTarget => next_restore(start, record, seen, run),
             Start::Fresh | Start::Resume | Start::ResumeStopped => {
-                next_move(asked, start, seen, run)
+                next_move(asked, start, record, seen, run)
             }
         },
     }
@@ -280,13 +312,28 @@ fn begin_abort(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> S
     }
 }
 
-/// Every controller back, the source's first (it still owns what was not moved).
-fn next_abort(record: Option<&MoveRecord>, run: &Run) -> Step {
+/// Every controller back, the source's first (it still owns what was not moved), after
+/// the ClusterClasses of other namespaces that clusterctl paused are unpaused.
+fn next_abort(record: Option<&MoveRecord>, seen: &Observed, run: &Run) -> Step {
     if record.is_some() && !run.aborting {
         return Step::BeginAbort;
     }
     if !run.lifted {
         return Step::Lift { warn: false };
+    }
+    if !run.source_unpaused {
+        return Step::UnpauseSource(
+            record
+                .map(|r| {
+                    move_plan::classes_to_unpause(
+                        &r.namespace,
+                        &r.cluster_classes,
+                        &seen.classes,
+                        true,
+                    )
+                })
+                .unwrap_or_default(),
+        );
     }
     bring_back([MoveRole::Source, MoveRole::Target], Step::Aborted, run)
 }
@@ -315,19 +362,40 @@ fn next_restore(start: &Start, record: Option<&MoveRecord>, seen: &Observed, run
                 .collect(),
         );
     }
-    restore(run)
+    restore(record, seen, run)
 }
 
-/// The restore, the target's controllers first: the namespace is theirs now.
-fn restore(run: &Run) -> Step {
+/// The restore, the target's controllers first (the namespace is theirs now), after the
+/// source's ClusterClasses that clusterctl paused and left there are unpaused.
+fn restore(record: Option<&MoveRecord>, seen: &Observed, run: &Run) -> Step {
     if !run.copied {
         return Step::Copied;
+    }
+    if !run.source_unpaused {
+        return Step::UnpauseSource(
+            record
+                .map(|r| {
+                    move_plan::classes_to_unpause(
+                        &r.namespace,
+                        &r.cluster_classes,
+                        &seen.classes,
+                        false,
+                    )
+                })
+                .unwrap_or_default(),
+        );
     }
     bring_back([MoveRole::Target, MoveRole::Source], Step::Finish, run)
 }
 
 /// A move from its checks to clusterctl's exit, then its way out.
-fn next_move(asked: &Asked, start: &Start, seen: &Observed, run: &Run) -> Step {
+fn next_move(
+    asked: &Asked,
+    start: &Start,
+    record: Option<&MoveRecord>,
+    seen: &Observed,
+    run: &Run,
+) -> Step {
     let source_stopped = *start == Start::ResumeStopped;
     if !run.checked {
         return Step::Check;
@@ -354,35 +422,30 @@ fn next_move(asked: &Asked, start: &Start, seen: &Observed, run: &Run) -> Step {
         return Step::Lift { warn: true };
     }
     match outcome {
-        Outcome::Moved => restore(run),
+        Outcome::Moved => restore(record, seen, run),
         Outcome::Exited { .. } | Outcome::Stopped(_) => Step::Fail,
     }
 }
 
-/// clusterctl refuses to start while a Cluster or ClusterClass is paused (v1.12+); every
-/// Cluster gets handoff's block-move, or nothing would hold clusterctl's copy until the source
-/// is stopped (unless it is stopped already).
+/// clusterctl refuses to start while a Cluster or ClusterClass it would move is paused
+/// (v1.12+), a ClusterClass of another namespace included; every Cluster (or, in a namespace
+/// of ClusterClasses alone, every class) gets handoff's block-move, or nothing would hold
+/// clusterctl's copy until the source is stopped (unless it is stopped already).
 fn take_target(asked: &Asked, seen: &Observed, source_stopped: bool) -> Step {
-    let paused: Vec<String> = seen
-        .source
-        .iter()
-        .chain(&seen.classes)
-        .filter(|c| c.paused)
-        .map(|c| c.key.clone())
-        .collect();
-    if !paused.is_empty() {
-        let ns = &asked.namespace;
-        return refuse(
-            MoveRole::Source,
-            format!(
-                "these are paused, and clusterctl move refuses to start while any Cluster or ClusterClass is (since v1.12): {}; unpause them (kubectl -n {ns} patch clusters.cluster.x-k8s.io NAME --type merge -p '{{\"spec\":{{\"paused\":false}}}}'; a ClusterClass: remove its {PAUSED_ANNOTATION} annotation) or move without them",
-                paused.join(", ")
-            ),
-        );
+    if let Some(why) = move_plan::paused_before(&seen.source, &seen.classes) {
+        return refuse(MoveRole::Source, why);
     }
     match source_stopped {
-        true => Step::StopTarget { block_move: vec![] },
-        false => match move_plan::add_block_move(&seen.source, &asked.window) {
+        true => Step::StopTarget {
+            block_move: BlockMoveOn::default(),
+        },
+        false => match move_plan::add_block_move(
+            &asked.namespace,
+            &seen.source,
+            &seen.classes,
+            &seen.class_users,
+            &asked.window,
+        ) {
             Ok(block_move) => Step::StopTarget { block_move },
             Err(e) => refuse(MoveRole::Source, e),
         },

@@ -27,8 +27,8 @@ pub fn block_move_value(window: &str) -> String {
     format!("handoff.dev/move-window/{window}")
 }
 
-/// A source Cluster as the plan reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A source Cluster (or ClusterClass) as the plan reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterSeen {
     /// `namespace/name`.
     pub key: String,
@@ -36,6 +36,85 @@ pub struct ClusterSeen {
     pub paused: bool,
     /// The value of its block-move annotation, if it carries one.
     pub block_move: Option<String>,
+    /// A topology Cluster's ClusterClass (`namespace/name`, its namespace defaulting to the
+    /// Cluster's, as `Cluster.GetClassKey` reads it); `None` for a ClusterClass.
+    pub class: Option<String>,
+}
+
+/// The namespace of a `namespace/name` key.
+pub fn namespace_of(key: &str) -> &str {
+    key.split_once('/').map_or("", |(ns, _)| ns)
+}
+
+/// The ClusterClasses a move of `ns` touches in the source, beside the namespace's own: those
+/// its Clusters use in other namespaces (clusterctl discovers, pauses and copies them, and
+/// never deletes them from the source: `objectgraph.go`, `Discovery` and `setShouldNotDelete`)
+/// and those an earlier attempt recorded. Sorted, each once.
+pub fn classes_used(ns: &str, clusters: &[ClusterSeen], recorded: &[String]) -> Vec<String> {
+    let mut keys: Vec<String> = clusters
+        .iter()
+        .filter_map(|c| c.class.clone())
+        .chain(recorded.iter().cloned())
+        .filter(|k| namespace_of(k) != ns)
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The Clusters of other namespaces that use a ClusterClass of `ns`: while one is in the
+/// source, clusterctl copies the class and leaves it in the source too.
+pub fn users_of(ns: &str, every_cluster: &[ClusterSeen]) -> Vec<ClusterSeen> {
+    every_cluster
+        .iter()
+        .filter(|c| namespace_of(&c.key) != ns)
+        .filter(|c| c.class.as_deref().is_some_and(|k| namespace_of(k) == ns))
+        .cloned()
+        .collect()
+}
+
+/// The ClusterClasses, of those a move touches, that clusterctl leaves in the source: every
+/// one of another namespace, and the namespace's own that `users` (Clusters of other
+/// namespaces) use.
+pub fn classes_left_behind(
+    ns: &str,
+    classes: &[ClusterSeen],
+    users: &[ClusterSeen],
+) -> Vec<String> {
+    classes
+        .iter()
+        .filter(|c| {
+            namespace_of(&c.key) != ns || users.iter().any(|u| u.class.as_ref() == Some(&c.key))
+        })
+        .map(|c| c.key.clone())
+        .collect()
+}
+
+/// What is paused in the source before a move starts, which clusterctl refuses to move
+/// (`checkClustersNotPaused`, `checkClusterClassesNotPaused`, v1.12+), said with the command
+/// that unpauses each; `None` when nothing is.
+pub fn paused_before(clusters: &[ClusterSeen], classes: &[ClusterSeen]) -> Option<String> {
+    let mut lines = Vec::new();
+    for c in clusters.iter().filter(|c| c.paused) {
+        let (ns, name) = c.key.split_once('/').unwrap_or(("", &c.key));
+        lines.push(format!(
+            "Cluster {}: kubectl -n {ns} patch clusters.cluster.x-k8s.io {name} --type merge -p '{{\"spec\":{{\"paused\":false}}}}'",
+            c.key
+        ));
+    }
+    for c in classes.iter().filter(|c| c.paused) {
+        let (ns, name) = c.key.split_once('/').unwrap_or(("", &c.key));
+        lines.push(format!(
+            "ClusterClass {}: kubectl -n {ns} annotate clusterclasses.cluster.x-k8s.io {name} {PAUSED_ANNOTATION}-",
+            c.key
+        ));
+    }
+    (!lines.is_empty()).then(|| {
+        format!(
+            "these are paused, and clusterctl move refuses to start while any Cluster or ClusterClass it would move is (since v1.12); unpause them, or move without them:\n  {}",
+            lines.join("\n  ")
+        )
+    })
 }
 
 /// Where a run starts, from what the target's window recorded.
@@ -210,40 +289,111 @@ pub fn block_move_honoured(version: &str) -> Result<(), ClusterctlVersion> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BlockMoveError {
     #[error(
-        "the namespace holds no Cluster, so nothing would hold clusterctl until the source's controllers are stopped; check --namespace"
+        "the namespace holds no Cluster and no ClusterClass, so clusterctl would move nothing of Cluster API's and nothing would hold it until the source's controllers are stopped; check --namespace"
     )]
     NoCluster,
-    /// These Clusters carry a block-move of someone else's.
+    /// These objects carry a block-move of someone else's.
     #[error(
-        "Cluster {} already carries a {BLOCK_MOVE} that is not handoff's, which its owner lifts on its own time, so handoff's could not hold clusterctl until the source's controllers are stopped; remove it, or move by hand (handoff window open/close)",
+        "{} already carries a {BLOCK_MOVE} that is not handoff's, which its owner lifts on its own time, so handoff's could not hold clusterctl until the source's controllers are stopped; remove it, or move by hand (handoff window open/close)",
         .0.join(", ")
     )]
     Foreign(Vec<String>),
+    /// The namespace holds ClusterClasses alone, and these Clusters of other namespaces use
+    /// them (`Cluster namespace/name`, `ClusterClass namespace/name`).
+    #[error(
+        "the namespace holds ClusterClasses and no Cluster, and Clusters of other namespaces still use them in the source: {}; clusterctl would copy the classes and leave them in the source (it never deletes a ClusterClass that a Cluster outside the moved namespace uses), so nothing would move: move those namespaces first, this one last",
+        .0.iter().map(|(c, k)| format!("Cluster {c} uses ClusterClass {k}")).collect::<Vec<_>>().join(", ")
+    )]
+    ClassesInUse(Vec<(String, String)>),
 }
 
-/// The Clusters handoff puts its block-move on: every Cluster in scope. `Err` when nothing
-/// would hold clusterctl until the source is stopped: no Cluster in scope, or one that already
-/// carries a block-move that is not handoff's (a provider's: it lifts it after the pause, on
-/// its own time, and handoff leaves it alone).
-pub fn add_block_move(
-    clusters: &[ClusterSeen],
-    window: &str,
-) -> Result<Vec<String>, BlockMoveError> {
-    let ours = block_move_value(window);
-    if clusters.is_empty() {
-        return Err(BlockMoveError::NoCluster);
+/// The kind of object handoff's block-move goes on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Holds {
+    #[default]
+    Clusters,
+    /// A namespace of ClusterClasses alone: they are what clusterctl's graph starts from
+    /// (Cluster, ClusterClass and ClusterResourceSet are its force-move roots, `objectgraph.go`),
+    /// and one that carries a block-move at discovery holds the move (`waitReadyForMove`).
+    ClusterClasses,
+}
+
+/// Where handoff's block-move goes: the objects (`namespace/name`) and their kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockMoveOn {
+    pub holds: Holds,
+    pub keys: Vec<String>,
+}
+
+impl BlockMoveOn {
+    pub fn clusters(keys: Vec<String>) -> BlockMoveOn {
+        BlockMoveOn {
+            holds: Holds::Clusters,
+            keys,
+        }
     }
-    let foreign: Vec<&str> = clusters
+
+    /// The objects, as said to the user (`Cluster ns/a, ns/b`).
+    pub fn describe(&self) -> String {
+        let kind = match self.holds {
+            Holds::Clusters => "Cluster",
+            Holds::ClusterClasses => "ClusterClass",
+        };
+        format!("{kind} {}", self.keys.join(", "))
+    }
+}
+
+/// Where handoff puts its block-move: every Cluster in scope, or where the namespace holds
+/// none, its own ClusterClasses (`classes`: those of `ns` among them count). `Err` when nothing
+/// would hold clusterctl until the source is stopped: nothing in scope, or an object that
+/// already carries a block-move that is not handoff's (a provider's: it lifts it after the
+/// pause, on its own time, and handoff leaves it alone); and for a namespace of ClusterClasses
+/// alone, when Clusters of other namespaces (`users`) still use them in the source.
+pub fn add_block_move(
+    ns: &str,
+    clusters: &[ClusterSeen],
+    classes: &[ClusterSeen],
+    users: &[ClusterSeen],
+    window: &str,
+) -> Result<BlockMoveOn, BlockMoveError> {
+    let own: Vec<&ClusterSeen> = classes
         .iter()
-        .filter(|c| c.block_move.as_deref().is_some_and(|v| v != ours))
-        .map(|c| c.key.as_str())
+        .filter(|c| namespace_of(&c.key) == ns)
         .collect();
-    if !foreign.is_empty() {
-        return Err(BlockMoveError::Foreign(
-            foreign.into_iter().map(str::to_string).collect(),
+    let (holds, objects): (Holds, Vec<&ClusterSeen>) = match (clusters.is_empty(), own.is_empty()) {
+        (false, _) => (Holds::Clusters, clusters.iter().collect()),
+        (true, false) => (Holds::ClusterClasses, own),
+        (true, true) => return Err(BlockMoveError::NoCluster),
+    };
+    if holds == Holds::ClusterClasses && !users.is_empty() {
+        return Err(BlockMoveError::ClassesInUse(
+            users
+                .iter()
+                .map(|u| (u.key.clone(), u.class.clone().unwrap_or_default()))
+                .collect(),
         ));
     }
-    Ok(clusters.iter().map(|c| c.key.clone()).collect())
+    let ours = block_move_value(window);
+    let foreign: Vec<String> = objects
+        .iter()
+        .filter(|c| c.block_move.as_deref().is_some_and(|v| v != ours))
+        .map(|c| match holds {
+            Holds::Clusters => format!("Cluster {}", c.key),
+            Holds::ClusterClasses => format!("ClusterClass {}", c.key),
+        })
+        .collect();
+    if !foreign.is_empty() {
+        return Err(BlockMoveError::Foreign(foreign));
+    }
+    Ok(BlockMoveOn {
+        holds,
+        keys: objects.iter().map(|c| c.key.clone()).collect(),
+    })
+}
+
+/// Whether a block-move's value is handoff's (of any window): never a provider's to wait for.
+pub fn is_handoffs(value: &str) -> bool {
+    value.starts_with("handoff.dev/move-window/")
 }
 
 /// On a re-run: the Clusters (or ClusterClasses) to unpause, those clusterctl paused: handoff
@@ -253,6 +403,25 @@ pub fn to_unpause(seen_paused: &[String], at_start: &[String], now: &[ClusterSee
     now.iter()
         .filter(|c| c.paused && (seen_paused.contains(&c.key) || at_start.contains(&c.key)))
         .map(|c| c.key.clone())
+        .collect()
+}
+
+/// The ClusterClasses to unpause in the source at the end: recorded when the move started
+/// (none was paused then), still in the source and paused now. clusterctl paused them and left
+/// them there, for the Clusters of other namespaces that use them (`setShouldNotDelete`),
+/// unpausing only their copies in the target (`mover.go`, `move`), so every later move of a
+/// namespace that uses them would be refused (`checkClusterClassesNotPaused`). An `--abort`
+/// (`elsewhere_only`) unpauses those of other namespaces alone: they are no part of what the
+/// abort leaves for the user to decide, the namespace's own Clusters and ClusterClasses.
+pub fn classes_to_unpause(
+    ns: &str,
+    recorded: &[String],
+    now: &[ClusterSeen],
+    elsewhere_only: bool,
+) -> Vec<String> {
+    to_unpause(&[], recorded, now)
+        .into_iter()
+        .filter(|k| !elsewhere_only || namespace_of(k) != ns)
         .collect()
 }
 
@@ -421,6 +590,14 @@ mod tests {
             key: key.into(),
             paused,
             block_move: block.map(String::from),
+            class: None,
+        }
+    }
+
+    fn uses(key: &str, class: &str) -> ClusterSeen {
+        ClusterSeen {
+            class: Some(class.into()),
+            ..c(key, false, None)
         }
     }
 
@@ -553,21 +730,134 @@ mod tests {
     fn block_move_is_added_only_where_nobody_else_holds_one() {
         let ours = block_move_value("w");
         let clusters = [c("ns/a", false, None), c("ns/c", false, Some(&ours))];
-        assert_eq!(add_block_move(&clusters, "w").unwrap(), ["ns/a", "ns/c"]);
+        let on = add_block_move("ns", &clusters, &[], &[], "w").unwrap();
+        assert_eq!(
+            on,
+            BlockMoveOn::clusters(vec!["ns/a".into(), "ns/c".into()])
+        );
         // A provider's own block-move on a Cluster: nothing of handoff's would hold clusterctl.
         let theirs = [c("ns/a", false, None), c("ns/b", false, Some(""))];
+        let why = add_block_move("ns", &theirs, &[], &[], "w")
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("Cluster ns/b"), "{why}");
+        let why = add_block_move("ns", &[], &[], &[], "w")
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("no Cluster and no ClusterClass"), "{why}");
+        // Another namespace's ClusterClass the Clusters use is never what holds clusterctl.
+        let elsewhere = [c("classes/quick", false, None)];
+        assert!(add_block_move("ns", &[], &elsewhere, &[], "w").is_err());
+        assert_eq!(
+            add_block_move("ns", &clusters, &elsewhere, &[], "w")
+                .unwrap()
+                .holds,
+            Holds::Clusters
+        );
+    }
+
+    #[test]
+    fn a_namespace_of_cluster_classes_alone_is_held_by_its_classes_once_nobody_uses_them() {
+        let classes = [
+            c("classes/quick", false, None),
+            c("classes/big", false, None),
+        ];
+        let on = add_block_move("classes", &[], &classes, &[], "w").unwrap();
+        assert_eq!(on.holds, Holds::ClusterClasses);
+        assert_eq!(on.keys, ["classes/quick", "classes/big"]);
+        assert_eq!(on.describe(), "ClusterClass classes/quick, classes/big");
+        // Clusters of other namespaces still use one in the source: refused, naming them.
+        let users = users_of(
+            "classes",
+            &[
+                uses("team-b/b1", "classes/quick"),
+                uses("team-c/c1", "elsewhere/other"),
+                uses("classes/own", "classes/quick"),
+            ],
+        );
+        assert_eq!(users, [uses("team-b/b1", "classes/quick")]);
+        let why = add_block_move("classes", &[], &classes, &users, "w")
+            .unwrap_err()
+            .to_string();
         assert!(
-            add_block_move(&theirs, "w")
-                .unwrap_err()
-                .to_string()
-                .contains("ns/b")
+            why.contains("Cluster team-b/b1 uses ClusterClass classes/quick")
+                && why.contains("this one last"),
+            "{why}"
+        );
+        // A class that carries someone else's block-move.
+        let theirs = [c("classes/quick", false, Some("provider"))];
+        let why = add_block_move("classes", &[], &theirs, &[], "w")
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("ClusterClass classes/quick"), "{why}");
+        assert!(is_handoffs(&block_move_value("w")) && !is_handoffs("provider"));
+    }
+
+    #[test]
+    fn the_classes_a_move_touches_are_its_clusters_classes_in_any_namespace() {
+        let clusters = [
+            uses("team-a/a1", "classes/quick"),
+            uses("team-a/a2", "classes/quick"),
+            uses("team-a/a3", "team-a/local"),
+            c("team-a/plain", false, None),
+        ];
+        assert_eq!(
+            classes_used("team-a", &clusters, &["old/recorded".into()]),
+            ["classes/quick", "old/recorded"]
+        );
+        let seen = [
+            c("classes/quick", false, None),
+            c("team-a/local", false, None),
+            c("team-a/shared", false, None),
+        ];
+        let users = [uses("team-b/b1", "team-a/shared")];
+        assert_eq!(
+            classes_left_behind("team-a", &seen, &users),
+            ["classes/quick", "team-a/shared"]
+        );
+    }
+
+    #[test]
+    fn what_clusterctl_paused_and_left_in_the_source_is_unpaused_at_the_end() {
+        let recorded = ["classes/quick".to_string(), "team-a/local".to_string()];
+        let now = [
+            c("classes/quick", true, None),
+            c("team-a/local", true, None),
+            // The user's own, paused before the move (the move was refused then) or never
+            // part of it: left alone.
+            c("classes/other", true, None),
+        ];
+        assert_eq!(
+            classes_to_unpause("team-a", &recorded, &now, false),
+            ["classes/quick", "team-a/local"]
+        );
+        assert_eq!(
+            classes_to_unpause("team-a", &recorded, &now, true),
+            ["classes/quick"]
+        );
+        // Gone from the source (clusterctl deleted the namespace's own): nothing to do.
+        assert!(classes_to_unpause("team-a", &recorded, &[], false).is_empty());
+    }
+
+    #[test]
+    fn what_is_paused_before_a_move_is_named_with_the_command_that_unpauses_it() {
+        assert_eq!(paused_before(&[c("ns/a", false, None)], &[]), None);
+        let why = paused_before(
+            &[c("ns/a", true, None)],
+            &[c("classes/quick", true, None), c("ns/local", false, None)],
+        )
+        .unwrap();
+        assert!(
+            why.contains("Cluster ns/a: kubectl -n ns patch clusters.cluster.x-k8s.io a"),
+            "{why}"
         );
         assert!(
-            add_block_move(&[], "w")
-                .unwrap_err()
-                .to_string()
-                .contains("no Cluster")
+            why.contains(&format!(
+                "ClusterClass classes/quick: kubectl -n classes annotate clusterclasses.cluster.x-k8s.io quick {PAUSED_ANNOTATION}-"
+            )),
+            "{why}"
         );
+        assert!(!why.contains("ns/local"), "{why}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ fn c(name: &str, paused: bool) -> ClusterSeen {
     ClusterSeen {
         key: format!("{NS}/{name}"),
         paused,
-        block_move: None,
+        ..ClusterSeen::default()
     }
 }
 
@@ -91,6 +91,7 @@ fn moved(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> Vec<Ste
 fn restore_then_finish() -> Vec<Step> {
     vec![
         Step::Copied,
+        Step::UnpauseSource(vec![]),
         Step::Restore(Target),
         Step::Restore(Source),
         Step::Finish,
@@ -112,7 +113,7 @@ fn a_new_move_stops_the_target_holds_clusterctl_and_restores_the_target_first() 
         Step::Begin(Start::Fresh),
         Step::Check,
         Step::StopTarget {
-            block_move: vec![format!("{NS}/a")],
+            block_move: BlockMoveOn::clusters(vec![format!("{NS}/a")]),
         },
         Step::Hold,
         Step::RunClusterctl,
@@ -209,7 +210,7 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
                 Step::Check,
                 Step::PutSourceBack,
                 Step::StopTarget {
-                    block_move: vec![format!("{NS}/a")]
+                    block_move: BlockMoveOn::clusters(vec![format!("{NS}/a")])
                 },
             ],
             "{phase}"
@@ -229,7 +230,9 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
         Step::Begin(Start::ResumeStopped),
         Step::Check,
         Step::KeepSourceStopped,
-        Step::StopTarget { block_move: vec![] },
+        Step::StopTarget {
+            block_move: BlockMoveOn::default(),
+        },
         Step::ProveTarget,
         Step::Hold,
         Step::RunClusterctl,
@@ -294,6 +297,7 @@ fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
         }
         v.extend([
             Step::Lift { warn: false },
+            Step::UnpauseSource(vec![]),
             Step::Restore(Source),
             Step::Restore(Target),
             Step::Aborted,
@@ -353,38 +357,198 @@ fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
     }
 }
 
+fn read(clusters: bool, classes: bool, deletes: bool) -> Reads {
+    Reads {
+        clusters,
+        classes,
+        deletes,
+    }
+}
+
 #[test]
 fn the_clusters_are_read_only_where_a_step_may_need_them() {
     let fresh = Run::default();
     let r = record(MovePhase::Copying, None);
     // Picking up a recorded move: the Clusters and whether clusterctl deletes.
-    assert_eq!(reads(&asked(false), Some(&r), &fresh), (true, true));
-    assert_eq!(reads(&asked(true), Some(&r), &fresh), (true, true));
+    assert_eq!(
+        reads(&asked(false), Some(&r), &fresh),
+        read(true, true, true)
+    );
+    assert_eq!(
+        reads(&asked(true), Some(&r), &fresh),
+        read(true, true, true)
+    );
     // A new move: nothing before it begins, the Clusters until the target is taken.
-    assert_eq!(reads(&asked(false), None, &fresh), (false, false));
+    assert_eq!(reads(&asked(false), None, &fresh), Reads::default());
     let begun = Run {
         began: Some(Start::Fresh),
         ..Run::default()
     };
-    assert_eq!(reads(&asked(false), None, &begun), (true, false));
+    assert_eq!(reads(&asked(false), None, &begun), read(true, true, false));
     let taken = Run {
         target_taken: true,
         ..begun.clone()
     };
-    assert_eq!(reads(&asked(false), None, &taken), (false, false));
-    // A finished copy's unpause reads the target's Clusters; the restore reads nothing.
+    assert_eq!(reads(&asked(false), None, &taken), Reads::default());
+    // A finished copy's unpause reads the target's Clusters; the restore reads the
+    // ClusterClasses for the source's unpause, then nothing.
     let finishing = Run {
         began: Some(Start::FinishTarget),
         ..Run::default()
     };
-    assert_eq!(reads(&asked(false), Some(&r), &finishing), (true, false));
+    assert_eq!(
+        reads(&asked(false), Some(&r), &finishing),
+        read(true, true, false)
+    );
     let copied = Run {
         copied: true,
         ..finishing
     };
-    assert_eq!(reads(&asked(false), Some(&r), &copied), (false, false));
-    // An --abort reads the Clusters for its report only (the driver's, after its steps).
-    assert_eq!(reads(&asked(true), None, &begun), (false, false));
+    assert_eq!(
+        reads(&asked(false), Some(&r), &copied),
+        read(false, true, false)
+    );
+    let unpaused = Run {
+        source_unpaused: true,
+        ..copied
+    };
+    assert_eq!(reads(&asked(false), Some(&r), &unpaused), Reads::default());
+    // An --abort reads the ClusterClasses once it lifted (for its unpause), and the Clusters
+    // for its report only (the driver's, after its steps).
+    assert_eq!(reads(&asked(true), None, &begun), Reads::default());
+    let lifted = Run {
+        lifted: true,
+        ..begun.clone()
+    };
+    assert_eq!(reads(&asked(true), None, &lifted), read(false, true, false));
+}
+
+/// A ClusterClass `ns/name`, as the source holds it.
+fn class(key: &str, paused: bool) -> ClusterSeen {
+    ClusterSeen {
+        key: key.into(),
+        paused,
+        ..ClusterSeen::default()
+    }
+}
+
+/// A Cluster of this namespace that uses `class`.
+fn using(name: &str, class: &str) -> ClusterSeen {
+    ClusterSeen {
+        class: Some(class.into()),
+        ..c(name, false)
+    }
+}
+
+#[test]
+fn a_shared_cluster_class_paused_before_the_move_refuses_it_by_name() {
+    let seen = Observed {
+        source: vec![using("a", "classes/quick")],
+        classes: vec![class("classes/quick", true)],
+        ..Observed::default()
+    };
+    let steps = moved(&asked(false), None, &seen);
+    let (cluster, why) = refused(&steps);
+    assert_eq!(cluster, Source);
+    assert!(
+        why.contains("ClusterClass classes/quick: kubectl -n classes annotate"),
+        "{why}"
+    );
+    // Unpaused, the move goes on; the block-move goes on the Clusters, never on the class.
+    let seen = Observed {
+        classes: vec![class("classes/quick", false)],
+        ..seen
+    };
+    assert_eq!(
+        moved(&asked(false), None, &seen)[2],
+        Step::StopTarget {
+            block_move: BlockMoveOn::clusters(vec![format!("{NS}/a")])
+        }
+    );
+}
+
+#[test]
+fn what_clusterctl_paused_and_left_in_the_source_is_unpaused_before_the_restore() {
+    let r = MoveRecord {
+        cluster_classes: vec!["classes/quick".into(), format!("{NS}/own")],
+        ..record(MovePhase::Restoring, Some(0))
+    };
+    // After clusterctl: the shared class paused and left in the source, the namespace's own
+    // class deleted from it.
+    let after = Observed {
+        classes: vec![class("classes/quick", true)],
+        ..Observed::default()
+    };
+    let run = Run {
+        began: Some(Start::RestoreOnly),
+        copied: true,
+        ..Run::default()
+    };
+    assert_eq!(
+        next(&asked(false), Some(&r), &after, &run),
+        Step::UnpauseSource(vec!["classes/quick".into()])
+    );
+    let done = Run {
+        source_unpaused: true,
+        ..run
+    };
+    assert_eq!(
+        next(&asked(false), Some(&r), &after, &done),
+        Step::Restore(Target)
+    );
+    // An --abort unpauses the other namespaces' classes only: the namespace's own stay
+    // paused with its Clusters, for the user to decide (copies may be in the target).
+    let both = Observed {
+        classes: vec![
+            class("classes/quick", true),
+            class(&format!("{NS}/own"), true),
+        ],
+        ..Observed::default()
+    };
+    let aborting = Run {
+        began: Some(Start::Resume),
+        aborting: true,
+        lifted: true,
+        ..Run::default()
+    };
+    assert_eq!(
+        next(&asked(true), Some(&r), &both, &aborting),
+        Step::UnpauseSource(vec!["classes/quick".into()])
+    );
+}
+
+#[test]
+fn a_namespace_of_cluster_classes_alone_is_held_by_its_classes_or_refused_while_used() {
+    let classes_only = Observed {
+        classes: vec![class(&format!("{NS}/quick"), false)],
+        ..Observed::default()
+    };
+    let steps = moved(&asked(false), None, &classes_only);
+    assert_eq!(
+        steps[2],
+        Step::StopTarget {
+            block_move: BlockMoveOn {
+                holds: move_plan::Holds::ClusterClasses,
+                keys: vec![format!("{NS}/quick")],
+            }
+        }
+    );
+    assert_eq!(steps.last(), Some(&Step::Done), "{steps:?}");
+    let used = Observed {
+        class_users: vec![ClusterSeen {
+            key: "team-b/b1".into(),
+            class: Some(format!("{NS}/quick")),
+            ..ClusterSeen::default()
+        }],
+        ..classes_only
+    };
+    let steps = moved(&asked(false), None, &used);
+    let (cluster, why) = refused(&steps);
+    assert_eq!(cluster, Source);
+    assert!(
+        why.contains("Cluster team-b/b1 uses ClusterClass clusters/quick"),
+        "{why}"
+    );
 }
 
 /// The phases of the book's "If a move stops" table, a row each (`none` for no record).
@@ -539,7 +703,7 @@ fn a_move_recorded_done_and_done_indeed_only_removes_what_it_brought() {
     // Its Clusters read: a run that died while removing them is finished by the next.
     assert_eq!(
         reads(&asked(false), Some(&r), &Run::default()),
-        (true, false)
+        read(true, true, false)
     );
     // Still in the source (moved back since, or never gone): a new move.
     let both = Observed {

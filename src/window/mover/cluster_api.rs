@@ -10,7 +10,9 @@ use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::super::common::{Cluster, Result, api_err};
-use super::super::move_plan::{BLOCK_MOVE, ClusterSeen, PAUSED_ANNOTATION};
+use super::super::move_plan::{
+    BLOCK_MOVE, ClusterSeen, PAUSED_ANNOTATION, is_handoffs, namespace_of,
+};
 
 pub const CLUSTERS: &str = "clusters.cluster.x-k8s.io";
 pub const CLUSTER_CLASSES: &str = "clusterclasses.cluster.x-k8s.io";
@@ -74,11 +76,64 @@ pub fn seen(o: &DynamicObject, ns: &str) -> ClusterSeen {
         paused: o.data["spec"]["paused"].as_bool() == Some(true)
             || ann.is_some_and(|a| a.contains_key(PAUSED_ANNOTATION)),
         block_move: ann.and_then(|a| a.get(BLOCK_MOVE)).cloned(),
+        class: class_of(&o.data, ns),
     }
+}
+
+/// A topology Cluster's ClusterClass, `namespace/name`: `spec.topology.classRef` (v1beta2),
+/// or `spec.topology.class` and `classNamespace` (v1beta1), the namespace defaulting to the
+/// Cluster's (`Cluster.GetClassKey`).
+fn class_of(data: &serde_json::Value, ns: &str) -> Option<String> {
+    let topology = &data["spec"]["topology"];
+    let (name, class_ns) = match topology["classRef"]["name"].as_str() {
+        Some(name) => (name, topology["classRef"]["namespace"].as_str()),
+        None => (
+            topology["class"].as_str()?,
+            topology["classNamespace"].as_str(),
+        ),
+    };
+    let class_ns = class_ns.filter(|n| !n.is_empty()).unwrap_or(ns);
+    (!name.is_empty()).then(|| format!("{class_ns}/{name}"))
 }
 
 pub async fn clusters_in(c: &Cluster, ns: &str) -> Result<Vec<ClusterSeen>> {
     paused_in(c, ns, CLUSTERS).await
+}
+
+/// Every Cluster of the cluster, in every namespace (as clusterctl lists them to find who
+/// uses a ClusterClass of the namespace it moves, `setShouldNotDelete`).
+pub async fn every_cluster(c: &Cluster) -> Result<Vec<ClusterSeen>> {
+    let Some(ar) = resource(c, CLUSTERS).await? else {
+        return Ok(vec![]);
+    };
+    let list = Api::<DynamicObject>::all_with(c.client.clone(), &ar)
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err(c, "listing the Clusters of every namespace"))?;
+    Ok(list
+        .items
+        .iter()
+        .map(|o| seen(o, o.metadata.namespace.as_deref().unwrap_or_default()))
+        .collect())
+}
+
+/// The ClusterClasses of `ns`, and those named in `elsewhere` (`namespace/name`, of other
+/// namespaces; one that is gone is left out), sorted by key.
+pub async fn classes_in(c: &Cluster, ns: &str, elsewhere: &[String]) -> Result<Vec<ClusterSeen>> {
+    let mut out = paused_in(c, ns, CLUSTER_CLASSES).await?;
+    if let Some(ar) = resource(c, CLUSTER_CLASSES).await? {
+        for key in elsewhere.iter().filter(|k| namespace_of(k) != ns) {
+            let (class_ns, name) = key.split_once('/').unwrap_or(("", key));
+            let got = Api::<DynamicObject>::namespaced_with(c.client.clone(), class_ns, &ar)
+                .get_opt(name)
+                .await
+                .map_err(api_err(c, format!("reading ClusterClass {key}")))?;
+            out.extend(got.map(|o| seen(&o, class_ns)));
+        }
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out.dedup_by(|a, b| a.key == b.key);
+    Ok(out)
 }
 
 /// What the other objects clusterctl moves say: which carry a block-move, which are marked for
@@ -130,9 +185,12 @@ pub async fn scan(c: &Cluster, ns: &str) -> Result<Scan> {
             {
                 out.deleting.push(what.clone());
             }
-            // Clusters' block-move is read with the Clusters (handoff's own is one).
+            // Clusters' block-move is read with the Clusters; handoff's own (on a Cluster, or
+            // on the ClusterClasses of a namespace that holds no Cluster) is no provider's.
             if crd.metadata.name.as_deref() != Some(CLUSTERS)
-                && ann.is_some_and(|a| a.contains_key(BLOCK_MOVE))
+                && ann
+                    .and_then(|a| a.get(BLOCK_MOVE))
+                    .is_some_and(|v| !is_handoffs(v))
             {
                 out.blocking.push(what);
             }

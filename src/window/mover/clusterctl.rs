@@ -11,7 +11,9 @@ use super::super::common::{Cluster, Result, WindowError};
 use super::super::move_plan::{self, BLOCK_MOVE, ClusterctlFlags};
 use super::super::open::{OpenOptions, Taken, first_taken, plan_open, prove, take};
 use super::child::{Child, ExitStatus, Signals};
-use super::cluster_api::{self, CLUSTERS, clusters_in, scan};
+use super::cluster_api::{
+    self, CLUSTER_CLASSES, CLUSTERS, classes_in, clusters_in, every_cluster, scan,
+};
 use super::pause_watch::PauseWatch;
 use super::{MoveOptions, note, phase};
 use crate::resources::phase::MovePhase;
@@ -26,26 +28,35 @@ pub async fn lift_block_move(
 ) -> Result<Vec<String>> {
     let ours = move_plan::block_move_value(window);
     let mut lifted = Vec::new();
-    for cl in clusters_in(source, ns).await? {
-        if cl.block_move.as_deref() == Some(&ours)
+    // A namespace of ClusterClasses alone carries it on its classes.
+    let classes = classes_in(source, ns, &[]).await?;
+    let held = clusters_in(source, ns)
+        .await?
+        .into_iter()
+        .map(|c| (CLUSTERS, "Cluster", c))
+        .chain(
+            classes
+                .into_iter()
+                .map(|c| (CLUSTER_CLASSES, "ClusterClass", c)),
+        );
+    for (crd, kind, o) in held {
+        if o.block_move.as_deref() == Some(&ours)
             && cluster_api::patch(
                 source,
-                CLUSTERS,
-                &cl.key,
+                crd,
+                &o.key,
                 json!({"metadata": {"annotations": {BLOCK_MOVE: null}}}),
                 "removing handoff's block-move from",
             )
             .await?
         {
-            lifted.push(cl.key);
+            lifted.push(format!("{kind} {}", o.key));
         }
     }
     note(target, window, |m| m.block_move.clear()).await?;
     Ok(lifted)
 }
 
-/// clusterctl move with the user's flags; where handoff's standard output is its JSON
-/// events, clusterctl's goes to standard error.
 fn spawn(opts: &MoveOptions, source: &Cluster, out: &Progress) -> Result<Child> {
     let json = out.format() == Format::Json;
     Child::spawn(
@@ -320,26 +331,29 @@ pub async fn dry_run(
     out.say("1. stop the target's controllers (proven while clusterctl starts and waits):");
     let target_wait = plan_open(std::slice::from_ref(target), &opts.open, out).await?;
     let clusters = clusters_in(source, ns).await?;
-    match move_plan::add_block_move(&clusters, &opts.window) {
+    let users = move_plan::users_of(ns, &every_cluster(source).await?);
+    let used = move_plan::classes_used(ns, &clusters, &[]);
+    let classes = classes_in(source, ns, &used).await?;
+    let held = move_plan::add_block_move(ns, &clusters, &classes, &users, &opts.window);
+    match &held {
         Ok(add) => {
             out.say(format!(
-                "2. put {BLOCK_MOVE} on Cluster {} in the source, and run clusterctl move",
-                add.join(", ")
+                "2. put {BLOCK_MOVE} on {} in the source, and run clusterctl move",
+                add.describe()
             ));
         }
         Err(why) => {
             out.say(format!("2. would refuse: {why}"));
         }
     }
-    let paused: Vec<&str> = clusters
-        .iter()
-        .filter(|c| c.paused)
-        .map(|c| c.key.as_str())
-        .collect();
-    if !paused.is_empty() {
+    if let Some(why) = move_plan::paused_before(&clusters, &classes) {
+        out.say(format!("   would refuse: {why}"));
+    }
+    let behind = move_plan::classes_left_behind(ns, &classes, &users);
+    if !behind.is_empty() && held.is_ok() {
         out.say(format!(
-            "   would refuse: Clusters paused already ({})",
-            paused.join(", ")
+            "   clusterctl copies ClusterClass {} to the target and leaves it in the source, where Clusters outside namespace {ns} use it (it pauses it there and unpauses only the copy); handoff unpauses it in the source once the move is over",
+            behind.join(", ")
         ));
     }
     out.say("3. once clusterctl has paused them and the providers lifted their block-move, stop the source's controllers:");

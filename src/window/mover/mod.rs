@@ -22,12 +22,12 @@ use tokio::time::Instant;
 use super::close::{CloseOptions, Restored};
 use super::common::{Cluster, Result, WindowError, read_window, record};
 use super::move_next::{self, Asked, Observed, Outcome, Run, Step};
-use super::move_plan::ClusterctlFlags;
+use super::move_plan::{self, ClusterctlFlags};
 use super::open::{OpenOptions, Taken};
 use super::user_agent::StepLabel;
 use crate::resources::move_window::{MoveRecord, MoveRole};
 use child::Signals;
-use cluster_api::{CLUSTER_CLASSES, clusters_in, paused_in, scan, secrets_in};
+use cluster_api::{classes_in, clusters_in, every_cluster, scan, secrets_in};
 use clusterctl::dry_run;
 
 /// How often the source is read while clusterctl waits on handoff's block-move.
@@ -175,15 +175,20 @@ impl Mover<'_> {
         r: Option<&MoveRecord>,
         run: &Run,
     ) -> Result<Observed> {
-        let (clusters, deletes) = move_next::reads(asked, r, run);
+        let reads = move_next::reads(asked, r, run);
         let (source, target, ns) = (self.source, self.target, self.ns.clone());
         let mut seen = Observed::default();
-        if clusters {
+        if reads.clusters {
             seen.source = clusters_in(source, &ns).await?;
             seen.target = clusters_in(target, &ns).await?;
-            seen.classes = paused_in(source, &ns, CLUSTER_CLASSES).await?;
+            seen.class_users = move_plan::users_of(&ns, &every_cluster(source).await?);
         }
-        if deletes {
+        if reads.classes {
+            let recorded = r.map(|r| r.cluster_classes.as_slice()).unwrap_or_default();
+            let used = move_plan::classes_used(&ns, &seen.source, recorded);
+            seen.classes = classes_in(source, &ns, &used).await?;
+        }
+        if reads.deletes {
             seen.deleting = deleting(source, target, &ns, self.out).await?;
         }
         Ok(seen)

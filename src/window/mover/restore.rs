@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::super::close::{CloseOptions, Restored, close};
 use super::super::common::{Cluster, Result, read_window};
 use super::super::move_plan::{self, PAUSED_ANNOTATION};
-use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, clusters_in, paused_in};
+use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, classes_in, clusters_in};
 use super::{MoveOptions, note, phase, read_record};
 use crate::resources::move_window::{MoveRecord, MoveRole, Strategy};
 use crate::resources::phase::MovePhase;
@@ -23,6 +23,17 @@ pub async fn unpause(
     classes: &[String],
     out: &mut Progress,
 ) -> Result<()> {
+    unpause_saying(c, clusters, classes, "clusterctl paused it", out).await
+}
+
+/// `unpause`, saying why each was paused.
+pub async fn unpause_saying(
+    c: &Cluster,
+    clusters: &[String],
+    classes: &[String],
+    why: &str,
+    out: &mut Progress,
+) -> Result<()> {
     for key in clusters {
         cluster_api::patch(
             c,
@@ -32,10 +43,7 @@ pub async fn unpause(
             "unpausing",
         )
         .await?;
-        out.say(format!(
-            "{}: unpaused Cluster {key} (clusterctl paused it)",
-            c.label
-        ));
+        out.say(format!("{}: unpaused Cluster {key} ({why})", c.label));
     }
     for key in classes {
         cluster_api::patch(
@@ -46,10 +54,7 @@ pub async fn unpause(
             "unpausing",
         )
         .await?;
-        out.say(format!(
-            "{}: unpaused ClusterClass {key} (clusterctl paused it)",
-            c.label
-        ));
+        out.say(format!("{}: unpaused ClusterClass {key} ({why})", c.label));
     }
     Ok(())
 }
@@ -69,10 +74,12 @@ pub async fn unpause_what_clusterctl_paused(
         &r.clusters,
         &clusters_in(source, ns).await?,
     );
+    // Wherever they are: one of another namespace that the moved Clusters use is paused by
+    // clusterctl as theirs are.
     let classes = move_plan::to_unpause(
         &[],
         &r.cluster_classes,
-        &paused_in(source, ns, CLUSTER_CLASSES).await?,
+        &classes_in(source, ns, &r.cluster_classes).await?,
     );
     unpause(source, &clusters, &classes, out).await?;
     note(target, &opts.window, |m| m.paused_by_clusterctl.clear()).await
@@ -174,6 +181,7 @@ pub fn report_abort(
     ns: &str,
     restored: &[Restored],
     paused: &[String],
+    paused_classes: &[String],
     copied: &[String],
     out: &mut Progress,
 ) {
@@ -194,6 +202,12 @@ pub fn report_abort(
     };
     out.say("What clusterctl left behind, for you to decide:");
     out.say(format!("  source Clusters still paused: {}", list(paused)));
+    if !paused_classes.is_empty() {
+        out.say(format!(
+            "  source ClusterClasses of namespace {ns} still paused: {} (unpause one: kubectl -n {ns} annotate clusterclasses.cluster.x-k8s.io NAME {PAUSED_ANNOTATION}-)",
+            paused_classes.join(", ")
+        ));
+    }
     out.say(format!(
         "  Clusters in the target's namespace {ns}: {}",
         list(copied)

@@ -6,13 +6,16 @@ use serde_json::json;
 use super::super::close::{close, say_removed};
 use super::super::common::{Result, WindowError, now, read_window};
 use super::super::move_next::{Observed, Outcome, Run, Step};
-use super::super::move_plan::{self, BLOCK_MOVE, Start};
+use super::super::move_plan::{self, BLOCK_MOVE, BlockMoveOn, Holds, Start};
 use super::super::open::{Taken, check, first_taken, open, prove, ready_standbys, take};
 use super::child::{self, Signals};
-use super::cluster_api::{self, CLUSTERS, DELETE_FOR_MOVE, clusters_in, unmark_delete_for_move};
+use super::cluster_api::{
+    self, CLUSTER_CLASSES, CLUSTERS, DELETE_FOR_MOVE, classes_in, clusters_in,
+    unmark_delete_for_move,
+};
 use super::clusterctl::{SourceStop, lift_block_move, render_args, run_clusterctl};
 use super::restore::{
-    report_abort, report_done, restore_one, unpause, unpause_what_clusterctl_paused,
+    report_abort, report_done, restore_one, unpause, unpause_saying, unpause_what_clusterctl_paused,
 };
 use super::{Mover, begin, note, phase};
 use crate::resources::move_window::{MoveRecord, MoveRole, WindowState};
@@ -44,6 +47,10 @@ impl Mover<'_> {
             Step::Lift { warn } => self.lift(*warn).await,
             Step::Fail => self.fail(run.clusterctl.as_ref()).await,
             Step::UnpauseTarget(keys) => unpause(self.target, keys, &[], self.out).await,
+            Step::UnpauseSource(keys) => {
+                let why = "clusterctl paused it and left it in the source, where Clusters of other namespaces use it";
+                unpause_saying(self.source, &[], keys, why, self.out).await
+            }
             Step::Copied => self.copied().await,
             Step::Restore(role) => {
                 let c = self.cluster(*role).clone();
@@ -282,12 +289,25 @@ impl Mover<'_> {
         let keys =
             |v: &[move_plan::ClusterSeen]| v.iter().map(|c| c.key.clone()).collect::<Vec<_>>();
         let (cluster_keys, class_keys) = (keys(&seen.source), keys(&seen.classes));
+        let elsewhere = move_plan::classes_left_behind(&self.ns, &seen.classes, &seen.class_users);
+        if !elsewhere.is_empty() {
+            self.out.say(format!(
+                "source: ClusterClass {} stays in the source for Clusters outside namespace {} (clusterctl pauses it, copies it and leaves it there); handoff unpauses it there once the move is over",
+                elsewhere.join(", "),
+                self.ns
+            ));
+        }
         let ns = self.ns.clone();
         begin(self.target, &self.opts.window, |m| {
-            let mut at_start = m.clusters.clone();
-            at_start.extend(cluster_keys.iter().cloned());
-            at_start.sort();
-            at_start.dedup();
+            let merged = |before: &[String], now: &[String]| {
+                let mut v = before.to_vec();
+                v.extend(now.iter().cloned());
+                v.sort();
+                v.dedup();
+                v
+            };
+            let at_start = merged(&m.clusters, &cluster_keys);
+            let classes = merged(&m.cluster_classes, &class_keys);
             // Kept across re-runs: the stop counts from the first take-over.
             let (t, s) = match fresh {
                 true => (None, None),
@@ -299,7 +319,7 @@ impl Mover<'_> {
                 started_at: Some(now()),
                 attempts: m.attempts + 1,
                 clusters: at_start,
-                cluster_classes: class_keys.clone(),
+                cluster_classes: classes,
                 target_stopped_at: t.or_else(|| Some(first.clone())),
                 source_stopped_at: s,
                 ..MoveRecord::default()
@@ -327,29 +347,34 @@ impl Mover<'_> {
         Ok(())
     }
 
-    /// handoff's block-move on each source Cluster, so that clusterctl's wait includes handoff's: recorded before written, so a run
-    /// that dies after the write still lifts it.
-    async fn hold(&mut self, add: &[String]) -> Result<()> {
+    /// handoff's block-move on each source Cluster (or ClusterClass, in a namespace of them
+    /// alone), so that clusterctl's wait includes handoff's: recorded before written, so a
+    /// run that dies after the write still lifts it.
+    async fn hold(&mut self, add: &BlockMoveOn) -> Result<()> {
         note(self.target, &self.opts.window, |m| {
             m.phase = MovePhase::Moving;
-            m.block_move = add.to_vec();
+            m.block_move = add.keys.clone();
         })
         .await?;
         let value = move_plan::block_move_value(&self.opts.window);
-        for key in add {
+        let crd = match add.holds {
+            Holds::Clusters => CLUSTERS,
+            Holds::ClusterClasses => CLUSTER_CLASSES,
+        };
+        for key in &add.keys {
             cluster_api::patch(
                 self.source,
-                CLUSTERS,
+                crd,
                 key,
                 json!({"metadata": {"annotations": {BLOCK_MOVE: value}}}),
                 "putting handoff's block-move on",
             )
             .await?;
         }
-        if !add.is_empty() {
+        if !add.keys.is_empty() {
             self.out.say(format!(
-                "source: {BLOCK_MOVE} on Cluster {} until the source's controllers are stopped",
-                add.join(", ")
+                "source: {BLOCK_MOVE} on {} until the source's controllers are stopped",
+                add.describe()
             ));
         }
         match self.signals.as_ref().and_then(Signals::caught) {
@@ -489,6 +514,12 @@ impl Mover<'_> {
             .filter(|c| c.paused)
             .map(|c| c.key)
             .collect();
+        let paused_classes: Vec<String> = classes_in(self.source, ns, &[])
+            .await?
+            .into_iter()
+            .filter(|c| c.paused)
+            .map(|c| c.key)
+            .collect();
         let copied: Vec<String> = clusters_in(self.target, ns)
             .await?
             .into_iter()
@@ -499,6 +530,7 @@ impl Mover<'_> {
             ns,
             &self.restored,
             &paused,
+            &paused_classes,
             &copied,
             self.out,
         );
