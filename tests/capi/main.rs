@@ -4,6 +4,7 @@
 //! - `backup`: `handoff move --to-directory`, the cluster lost, `--from-directory` into a fresh one.
 //! - `moves`: moves as shipped (15 s leases), there and back, proven from the clusters.
 //! - `crash`: `handoff move` killed at its crash points, then finished or undone.
+//! - `classes`: a ClusterClass shared across namespaces, each namespace moved, the class's last.
 //! - `pivot`: the book's "Pivot from a bootstrap cluster" page, its commands run in order.
 //!
 //! One test binary for both, so that they run at the same time: `cargo test` runs test binaries
@@ -16,6 +17,7 @@
 mod support;
 
 mod backup;
+mod classes;
 mod crash;
 mod moves;
 mod pivot;
