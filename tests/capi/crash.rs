@@ -566,7 +566,7 @@ fn run_move(
 
 /// A clusterctl of this test's: one in this network namespace (the `moves` suite runs its own
 /// clusterctl at the same time, in another).
-fn clusterctl_running(rig: &Rig) -> bool {
+pub(crate) fn clusterctl_running(rig: &Rig) -> bool {
     let exe = rig.clusterctl();
     let netns = std::fs::read_link("/proc/self/ns/net").expect("this process's network namespace");
     std::fs::read_dir("/proc")
@@ -1156,18 +1156,41 @@ fn handoff_down_in_a_window(m: &mut Mgmt) {
     );
 }
 
+/// How many cases `HANDOFF_CRASH_CASES` asks for: `all`, or a count of at least 1 (unset or
+/// empty: 1). Anything else is an error that names it: a run that quietly ran one case, or
+/// none, would pass for the run that was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CaseCount {
+    All,
+    Some(usize),
+}
+
+fn case_count(cases: Option<&str>) -> Result<CaseCount, String> {
+    match cases.map(str::trim) {
+        None | Some("") => Ok(CaseCount::Some(1)),
+        Some("all") => Ok(CaseCount::All),
+        Some(v) => match v.parse::<usize>() {
+            Ok(0) => Err("HANDOFF_CRASH_CASES=0 runs no case; unset it for one, or give a count of 1 or more, or all".into()),
+            Ok(k) => Ok(CaseCount::Some(k)),
+            Err(_) => Err(format!(
+                "HANDOFF_CRASH_CASES={v:?}: not a count of cases (1 or more) nor all"
+            )),
+        },
+    }
+}
+
 /// Which of `n` cases run: `HANDOFF_CRASH_ONLY=4,17` those; `HANDOFF_CRASH_CASES=all` every
 /// one; else `HANDOFF_CRASH_CASES` of them (1), the next ones in turn for each commit and each
 /// day (`HANDOFF_CRASH_SEED`, by default the clone's number of commits plus the day's number).
 fn choose(n: usize) -> Vec<usize> {
     if let Ok(only) = std::env::var("HANDOFF_CRASH_ONLY") {
-        return only_cases(&only, n);
+        return only_cases(&only, n).unwrap_or_else(|e| panic!("{e}"));
     }
-    let cases = std::env::var("HANDOFF_CRASH_CASES").unwrap_or_default();
-    if cases == "all" {
-        return (0..n).collect();
-    }
-    let k: usize = cases.parse().unwrap_or(1).min(n);
+    let cases = std::env::var("HANDOFF_CRASH_CASES").ok();
+    let k = match case_count(cases.as_deref()).unwrap_or_else(|e| panic!("{e}")) {
+        CaseCount::All => return (0..n).collect(),
+        CaseCount::Some(k) => k.min(n),
+    };
     // The commits and the day: a shallow clone (one commit) still turns, daily.
     let seed: usize = std::env::var("HANDOFF_CRASH_SEED")
         .ok()
@@ -1195,37 +1218,60 @@ fn choose(n: usize) -> Vec<usize> {
 }
 
 /// The cases `HANDOFF_CRASH_ONLY` names, of `n`. A number the points of this run do not reach
-/// names no case: running fewer than asked would pass as if they had run.
-fn only_cases(only: &str, n: usize) -> Vec<usize> {
-    let chosen: Vec<usize> = only
+/// names no case, and a list of none runs nothing: either would pass as if they had run.
+fn only_cases(only: &str, n: usize) -> Result<Vec<usize>, String> {
+    let chosen = only
         .split(',')
-        .filter(|i| !i.trim().is_empty())
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
         .map(|i| {
-            i.trim()
-                .parse()
-                .expect("HANDOFF_CRASH_ONLY: case numbers, comma-separated")
+            i.parse::<usize>().map_err(|_| {
+                format!("HANDOFF_CRASH_ONLY={only}: {i:?} is not a case number (comma-separated numbers)")
+            })
         })
-        .collect();
+        .collect::<Result<Vec<usize>, String>>()?;
+    if chosen.is_empty() {
+        return Err(format!(
+            "HANDOFF_CRASH_ONLY={only:?} names no case; unset it, or name the cases (4,17)"
+        ));
+    }
     let out: Vec<usize> = chosen.iter().copied().filter(|i| *i >= n).collect();
-    assert!(
-        out.is_empty(),
-        "HANDOFF_CRASH_ONLY={only}: {out:?} out of range: this run has {n} cases, 0 to {} (its crash points × re-run, abort)",
-        n.saturating_sub(1)
-    );
-    chosen
+    if !out.is_empty() {
+        return Err(format!(
+            "HANDOFF_CRASH_ONLY={only}: {out:?} out of range: this run has {n} cases, 0 to {} (its crash points × re-run, abort)",
+            n.saturating_sub(1)
+        ));
+    }
+    Ok(chosen)
 }
 
 #[test]
 fn crash_only_names_cases_in_range() {
-    assert_eq!(only_cases("4, 17,", 246), vec![4, 17]);
+    assert_eq!(only_cases("4, 17,", 246), Ok(vec![4, 17]));
 }
 
 #[test]
-#[should_panic(
-    expected = "HANDOFF_CRASH_ONLY=4,246: [246] out of range: this run has 246 cases, 0 to 245"
-)]
-fn crash_only_out_of_range_is_an_error() {
-    only_cases("4,246", 246);
+fn crash_selections_that_would_run_nothing_or_something_else_are_errors() {
+    assert_eq!(
+        only_cases("4,246", 246).unwrap_err(),
+        "HANDOFF_CRASH_ONLY=4,246: [246] out of range: this run has 246 cases, 0 to 245 (its crash points × re-run, abort)"
+    );
+    for none in ["", " ", ",", " , "] {
+        assert!(
+            only_cases(none, 246).unwrap_err().contains("names no case"),
+            "{none:?}"
+        );
+    }
+    assert!(only_cases("4,x", 246).unwrap_err().contains("\"x\""));
+    assert_eq!(case_count(None), Ok(CaseCount::Some(1)));
+    assert_eq!(case_count(Some("")), Ok(CaseCount::Some(1)));
+    assert_eq!(case_count(Some("3")), Ok(CaseCount::Some(3)));
+    assert_eq!(case_count(Some("all")), Ok(CaseCount::All));
+    assert!(case_count(Some("0")).unwrap_err().contains("runs no case"));
+    for bad in ["al", "-1", "two", "1.5"] {
+        let why = case_count(Some(bad)).unwrap_err();
+        assert!(why.contains(bad) && why.contains("not a count"), "{why}");
+    }
 }
 
 #[test]
