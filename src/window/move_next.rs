@@ -321,21 +321,34 @@ fn next_abort(record: Option<&MoveRecord>, seen: &Observed, run: &Run) -> Step {
     if !run.lifted {
         return Step::Lift { warn: false };
     }
-    if !run.source_unpaused {
-        return Step::UnpauseSource(
-            record
-                .map(|r| {
-                    move_plan::classes_to_unpause(
-                        &r.namespace,
-                        &r.cluster_classes,
-                        &seen.classes,
-                        true,
-                    )
-                })
-                .unwrap_or_default(),
-        );
+    if let Some(step) = unpause_source(record, seen, run, true) {
+        return step;
     }
     bring_back([MoveRole::Source, MoveRole::Target], Step::Aborted, run)
+}
+
+/// The ClusterClasses clusterctl paused and left in the source, unpaused once; no step where
+/// it left none (the common case: a namespace whose Clusters use classes of their own).
+fn unpause_source(
+    record: Option<&MoveRecord>,
+    seen: &Observed,
+    run: &Run,
+    elsewhere_only: bool,
+) -> Option<Step> {
+    if run.source_unpaused {
+        return None;
+    }
+    let classes = record
+        .map(|r| {
+            move_plan::classes_to_unpause(
+                &r.namespace,
+                &r.cluster_classes,
+                &seen.classes,
+                elsewhere_only,
+            )
+        })
+        .unwrap_or_default();
+    (!classes.is_empty()).then_some(Step::UnpauseSource(classes))
 }
 
 /// Each cluster's controllers back in `order`, then `last` (which records and reports), then
@@ -371,19 +384,8 @@ fn restore(record: Option<&MoveRecord>, seen: &Observed, run: &Run) -> Step {
     if !run.copied {
         return Step::Copied;
     }
-    if !run.source_unpaused {
-        return Step::UnpauseSource(
-            record
-                .map(|r| {
-                    move_plan::classes_to_unpause(
-                        &r.namespace,
-                        &r.cluster_classes,
-                        &seen.classes,
-                        false,
-                    )
-                })
-                .unwrap_or_default(),
-        );
+    if let Some(step) = unpause_source(record, seen, run, false) {
+        return step;
     }
     bring_back([MoveRole::Target, MoveRole::Source], Step::Finish, run)
 }

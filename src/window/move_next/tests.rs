@@ -91,7 +91,6 @@ fn moved(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> Vec<Ste
 fn restore_then_finish() -> Vec<Step> {
     vec![
         Step::Copied,
-        Step::UnpauseSource(vec![]),
         Step::Restore(Target),
         Step::Restore(Source),
         Step::Finish,
@@ -297,7 +296,6 @@ fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
         }
         v.extend([
             Step::Lift { warn: false },
-            Step::UnpauseSource(vec![]),
             Step::Restore(Source),
             Step::Restore(Target),
             Step::Aborted,
