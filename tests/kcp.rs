@@ -273,9 +273,34 @@ fn a_hold_set_in_kcp_holds_the_sync_target_is_mirrored_lifts_there_and_kcp_down_
         ADMIN,
         &["annotate", "namespace", "manual", &format!("{HOLD}-")],
     );
-    // Longer than the mirror's round and --max-staleness: the physical hold is still there and
-    // still holds, and the denial now names the physical namespace.
-    std::thread::sleep(Duration::from_secs(5));
+    // A whole mirror round after the lift, proven by a witness and not waited for by the clock:
+    // kcp namespace `test` is given a hold, then another value, each waited for in `ns`. Each
+    // round reads every namespace once, so the round that copied the second value began after
+    // the first was copied, which came after the lift: that round read `manual` lifted.
+    for witness in ["witness-1", "witness-2"] {
+        kcp_api.ok(
+            ADMIN,
+            &[
+                "annotate",
+                "--overwrite",
+                "namespace",
+                "test",
+                &format!("{HOLD}={witness}"),
+            ],
+        );
+        eventually(&format!("the mirror copies {witness}"), WAIT, || {
+            (annotations(&api, ns).get(HOLD).and_then(Value::as_str) == Some(witness)).then_some(())
+        });
+    }
+    kcp_api.ok(
+        ADMIN,
+        &["annotate", "namespace", "test", &format!("{HOLD}-")],
+    );
+    eventually("the witness hold is removed", WAIT, || {
+        annotations(&api, ns).get(HOLD).is_none().then_some(())
+    });
+    // The physical hold is still there and still holds, and the denial now names the physical
+    // namespace.
     assert_eq!(annotations(&api, "kcp-manual")[HOLD], "operator-copy");
     let (ok, err) = as_syncer(&api, &["-n", "kcp-manual", "delete", "configmap", "m"]);
     assert!(
