@@ -4,7 +4,7 @@ mod support;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use handoff::certs::Ca;
@@ -61,6 +61,33 @@ fn leaf(ca: &Ca) -> (String, String) {
         .unwrap()
 }
 
+/// What the load was served: answers by server certificate, and each change of certificate
+/// one load task saw between two of its answers in a row.
+#[derive(Default)]
+struct Served {
+    by_cert: std::collections::HashMap<Vec<u8>, usize>,
+    swaps: std::collections::HashSet<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Until the load has had 20 answers under `cert`.
+async fn served_under(served: &std::sync::Mutex<Served>, cert: &[u8]) {
+    for _ in 0..1500 {
+        if served
+            .lock()
+            .unwrap()
+            .by_cert
+            .get(cert)
+            .copied()
+            .unwrap_or(0)
+            >= 20
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the load was never answered 20 times under the certificate");
+}
+
 async fn wait_for_cert(addr: std::net::SocketAddr, ca: &str, want: &[u8]) {
     for _ in 0..250 {
         if served_cert(addr, ca).await.ok().as_deref() == Some(want) {
@@ -85,54 +112,64 @@ async fn rotation_by_symlink_swap_twice_under_load() {
     let addr = server.addr;
     assert_eq!(served_cert(addr, &ca.cert_pem).await.unwrap(), der_of(&c1));
 
-    // Continuous load: new connections (each a handshake) and a review on each.
+    // Continuous load: new connections (each a handshake) and a review on each. Each task
+    // notes the certificate each answered request was served with, and where it changed
+    // between two of its requests in a row: a swap the load went through without a failure.
     let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicUsize::new(0));
+    let served = Arc::new(std::sync::Mutex::new(Served::default()));
     let failed = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let mut load = Vec::new();
     for i in 0..4 {
-        let (stop, ok, failed, ca_pem) = (
+        let (stop, served, failed, ca_pem) = (
             stop.clone(),
-            ok.clone(),
+            served.clone(),
             failed.clone(),
             ca.cert_pem.clone(),
         );
         load.push(tokio::spawn(async move {
             let proto = if i % 2 == 0 { Proto::H1 } else { Proto::H2 };
             let body = fixture("delete-configmap-by-syncer.json");
+            let mut last: Option<Vec<u8>> = None;
             while !stop.load(Ordering::Relaxed) {
                 let result = async {
                     let mut c = Client::connect(addr, &ca_pem, proto, None).await?;
                     let r = c
                         .send("POST", GUARD, Some("application/json"), body.clone())
                         .await?;
-                    if r.status == 200 {
-                        Ok(())
-                    } else {
-                        Err(format!("status {}", r.status))
+                    match (r.status, c.peer) {
+                        (200, Some(peer)) => Ok(peer),
+                        (200, None) => Err("no server certificate".to_string()),
+                        (status, _) => Err(format!("status {status}")),
                     }
                 }
                 .await;
                 match result {
-                    Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
-                    Err(e) => {
-                        failed.lock().unwrap().push(e);
-                        0
+                    Ok(peer) => {
+                        let mut s = served.lock().unwrap();
+                        *s.by_cert.entry(peer.clone()).or_default() += 1;
+                        if let Some(before) = last.replace(peer.clone())
+                            && before != peer
+                        {
+                            s.swaps.insert((before, peer));
+                        }
                     }
-                };
+                    Err(e) => failed.lock().unwrap().push(e),
+                }
             }
         }));
     }
 
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Each swap once the load has been served under the certificate before it: waited for by
+    // what was served, not by the clock.
     let (c2, k2) = leaf(&ca);
-    kubelet_volume(dir.path(), "v2", &c2, &k2);
-    wait_for_cert(addr, &ca.cert_pem, &der_of(&c2)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let (c3, k3) = leaf(&ca);
-    kubelet_volume(dir.path(), "v3", &c3, &k3);
-    wait_for_cert(addr, &ca.cert_pem, &der_of(&c3)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let certs = [der_of(&c1), der_of(&c2), der_of(&c3)];
+    for (version, cert, key, before) in [("v2", &c2, &k2, 0), ("v3", &c3, &k3, 1)] {
+        served_under(&served, &certs[before]).await;
+        kubelet_volume(dir.path(), version, cert, key);
+        wait_for_cert(addr, &ca.cert_pem, &certs[before + 1]).await;
+    }
+    served_under(&served, &certs[2]).await;
 
     stop.store(true, Ordering::Relaxed);
     for l in load {
@@ -145,11 +182,18 @@ async fn rotation_by_symlink_swap_twice_under_load() {
         failed.len(),
         &failed[..failed.len().min(5)]
     );
-    assert!(
-        ok.load(Ordering::Relaxed) > 20,
-        "load ran: {}",
-        ok.load(Ordering::Relaxed)
-    );
+    let served = served.lock().unwrap();
+    for (old, new) in [(0, 1), (1, 2)] {
+        assert!(
+            served
+                .swaps
+                .contains(&(certs[old].clone(), certs[new].clone())),
+            "no load task went from certificate {} to {} between two requests: {:?}",
+            old + 1,
+            new + 1,
+            served.by_cert.values().collect::<Vec<_>>()
+        );
+    }
     assert_eq!(server.app.metrics.cert_reloads.get(), 2);
     assert_eq!(server.app.metrics.cert_reload_errors.get(), 0);
     server.stop().await;

@@ -149,6 +149,8 @@ enum Sender {
 pub struct Client {
     sender: Sender,
     pub alpn: Option<Vec<u8>>,
+    /// The server's certificate (DER) this connection's handshake was given.
+    pub peer: Option<Vec<u8>>,
 }
 
 pub struct Reply {
@@ -246,6 +248,12 @@ impl Client {
             .await
             .map_err(|e| e.to_string())?;
         let alpn = tls.get_ref().1.alpn_protocol().map(|p| p.to_vec());
+        let peer = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| c.to_vec());
         let io = TokioIo::new(tls);
         let sender = match proto {
             Proto::H1 => {
@@ -261,7 +269,7 @@ impl Client {
                 Sender::H2(s)
             }
         };
-        Ok(Client { sender, alpn })
+        Ok(Client { sender, alpn, peer })
     }
 
     pub async fn send(
