@@ -182,7 +182,7 @@ async fn rotation_by_symlink_swap_twice_under_load() {
         failed.len(),
         &failed[..failed.len().min(5)]
     );
-    let served = served.lock().unwrap();
+    let served = std::mem::take(&mut *served.lock().unwrap());
     for (old, new) in [(0, 1), (1, 2)] {
         assert!(
             served
