@@ -18,43 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::support;
 use support::apiserver::{eventually, skip, text};
-use support::capi::{BLOCK_MOVE, Event, Mgmt, MovedObjects, PROVIDERS, Rig, WINDOW_HOLDER, Watch};
-
-fn rv(e: &Event) -> u64 {
-    e.object["metadata"]["resourceVersion"]
-        .as_str()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no resourceVersion: {}", e.object))
-}
-
-/// Whether the window held every provider Lease of `m` at revision `at`: each Lease's last
-/// write at or before it names the window as holder.
-fn held_at(m: &Mgmt, leases: &Watch, at: u64) -> Result<(), String> {
-    let events = leases.events();
-    for (ns, _, lease) in PROVIDERS {
-        let key = format!("{ns}/{lease}");
-        let holder = events
-            .iter()
-            .filter(|e| e.key() == key && rv(e) <= at)
-            .max_by_key(|e| rv(e))
-            .map(|e| {
-                e.object["spec"]["holderIdentity"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string()
-            });
-        match holder {
-            Some(h) if h.starts_with(WINDOW_HOLDER) => {}
-            h => {
-                return Err(format!(
-                    "{}: Lease {key} at revision {at} was held by {h:?}",
-                    m.name
-                ));
-            }
-        }
-    }
-    Ok(())
-}
+use support::capi::{BLOCK_MOVE, Event, MovedObjects, PROVIDERS, Rig, Watch, held_at, rv};
 
 /// `handoff move` with `clusterctl` (the rig's, or one that fails) and `args`.
 fn handoff_move(rig: &Rig, clusterctl: &Path, args: &[&str]) -> (bool, String) {

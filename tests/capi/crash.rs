@@ -254,16 +254,29 @@ impl PartialEq for Object {
 /// The objects of the move by (kind, name).
 type Graph = BTreeMap<(String, String), Object>;
 
-/// What a move must carry over unchanged: a Secret's or ConfigMap's data (a workload cluster's
-/// CA is there), the spec of the rest. Not compared: metadata (clusterctl drops uid,
-/// resourceVersion, and rewrites owner references and annotations; the owners are compared by
-/// kind and name instead), status (clusterctl does not move it: the target's controllers
-/// rebuild it), and a Cluster's `spec.paused`, which clusterctl sets in the source before the
-/// copy, copies, and clears in the target as its last step.
+/// What a move must carry over unchanged: a Secret's type and data (a workload cluster's CA is
+/// there), a ConfigMap's data, the spec of the rest, and every object's labels and
+/// annotations but those the move itself writes (`MOVE_ANNOTATIONS`). Not compared: the rest
+/// of the metadata (clusterctl drops uid and resourceVersion and rewrites owner references;
+/// the owners are compared by kind and name instead), status (clusterctl does not move it: the
+/// target's controllers rebuild it), and a Cluster's `spec.paused`, which clusterctl sets in
+/// the source before the copy, copies, and clears in the target as its last step.
 fn content(o: &serde_json::Value) -> serde_json::Value {
+    let mut annotations = o["metadata"]["annotations"].clone();
+    if let Some(a) = annotations.as_object_mut() {
+        a.retain(|k, _| !MOVE_ANNOTATIONS.contains(&k.as_str()) && !k.starts_with("handoff.dev/"));
+    }
+    let meta = serde_json::json!({
+        "labels": o["metadata"]["labels"],
+        "annotations": annotations,
+    });
     match o["kind"].as_str().unwrap_or("") {
-        "Secret" => serde_json::json!({ "data": o["data"] }),
-        "ConfigMap" => serde_json::json!({ "data": o["data"], "binaryData": o["binaryData"] }),
+        "Secret" => serde_json::json!({ "meta": meta, "type": o["type"], "data": o["data"] }),
+        "ConfigMap" => serde_json::json!({
+            "meta": meta,
+            "data": o["data"],
+            "binaryData": o["binaryData"],
+        }),
         kind => {
             let mut spec = o["spec"].clone();
             if kind == "Cluster"
@@ -271,10 +284,15 @@ fn content(o: &serde_json::Value) -> serde_json::Value {
             {
                 spec.remove("paused");
             }
-            spec
+            serde_json::json!({ "meta": meta, "spec": spec })
         }
     }
 }
+
+/// The annotations a move writes and takes away again: clusterctl's pause (on ClusterClasses
+/// and the objects of a paused Cluster), its delete-for-move mark in the source, and the
+/// providers' (and handoff's) block-move. A copy keeps every other annotation.
+const MOVE_ANNOTATIONS: [&str; 3] = ["cluster.x-k8s.io/paused", DELETE_FOR_MOVE, BLOCK_MOVE];
 
 /// A hash of `v` that does not depend on the order of its keys.
 fn stable_hash(v: &serde_json::Value) -> String {

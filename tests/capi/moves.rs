@@ -10,7 +10,8 @@
 //! comparison.
 //! Proven from the clusters themselves, not from handoff's output: every provider Lease of
 //! both clusters is held by the window from before clusterctl's first create in the target
-//! (of an object of any kind it moves, every kind watched) until after the last delete in the
+//! (of an object of any kind it moves, every kind watched; in the target, ordered by its etcd
+//! revisions, exactly) until after the last delete in the
 //! source of what the target received; no manager logs acquiring its Lease in between (and
 //! each provider's log shows it acquiring it, so that an unread log cannot pass); every
 //! provider has a Ready pod at every moment of the move, and server-side dry-run creates
@@ -28,7 +29,7 @@ use crate::support;
 use crate::support::apiserver::{eventually, skip, text};
 use crate::support::capi::{
     BLOCK_MOVE, Mgmt, MovedObjects, PROVIDERS, Prober, Rig, WINDOW_HOLDER, Watch, copy_seen,
-    holders, probe_objects, ready_pods, wall,
+    held_at, holders, probe_objects, ready_pods, rv, wall,
 };
 
 /// What one cluster's watches saw.
@@ -271,7 +272,20 @@ fn check_move(
         src.name,
         last_delete - started
     );
-    // Every provider Lease of both clusters held by the window across the whole copy.
+    // In the target, exactly: its etcd orders the window's takes and clusterctl's first
+    // create, where the two watches' arrival times could pass a take that came after it.
+    let first_rv = dst_seen
+        .moved
+        .events()
+        .iter()
+        .filter(|e| e.kind == "ADDED" && e.at >= started)
+        .map(rv)
+        .min()
+        .expect("the target's first create");
+    held_at(dst, &dst_seen.leases, first_rv)
+        .unwrap_or_else(|why| panic!("before clusterctl's first create ({first}): {why}\n{log}"));
+    // Every provider Lease of both clusters held by the window across the whole copy (across
+    // the two clusters, by the watches' clocks: their revisions are two etcds' own).
     let mut held = Vec::new();
     for (m, seen) in [(dst, dst_seen), (src, src_seen)] {
         let holds = window_hold(m, seen, first_create);

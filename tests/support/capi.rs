@@ -597,7 +597,9 @@ impl Mgmt {
 
     /// What `clusterctl move` moves of namespace `ns`, as this cluster holds it: every object
     /// of the Cluster API types (the CRDs clusterctl discovers by their
-    /// `clusterctl.cluster.x-k8s.io` label) and every Secret.
+    /// `clusterctl.cluster.x-k8s.io` label), every Secret and every ConfigMap (clusterctl
+    /// moves those its graph reaches; a namespace of the rig holds no other: envtest runs no
+    /// kube-controller-manager to publish `kube-root-ca.crt`).
     pub fn move_objects(&self, ns: &str) -> Vec<Value> {
         let crds = self.ok(&[
             "get",
@@ -610,7 +612,7 @@ impl Mgmt {
         let kinds: Vec<&str> = crds
             .split_whitespace()
             .filter(|n| !n.ends_with(".clusterctl.cluster.x-k8s.io"))
-            .chain(["secrets"])
+            .chain(["secrets", "configmaps"])
             .collect();
         self.get(&["-n", ns, &kinds.join(",")])["items"]
             .as_array()
@@ -1205,4 +1207,42 @@ pub fn copy_seen(target: &MovedObjects, source: &MovedObjects, since: f64) -> Co
         last_delete,
         last_delete_since,
     }
+}
+
+/// The etcd revision of the write an event reports: one API server's writes are ordered by
+/// it exactly, where the arrival times of two watches are not.
+pub fn rv(e: &Event) -> u64 {
+    e.object["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no resourceVersion: {}", e.object))
+}
+
+/// Whether the window held every provider Lease of `m` at revision `at`: each Lease's last
+/// write at or before it names the window as holder.
+pub fn held_at(m: &Mgmt, leases: &Watch, at: u64) -> Result<(), String> {
+    let events = leases.events();
+    for (ns, _, lease) in PROVIDERS {
+        let key = format!("{ns}/{lease}");
+        let holder = events
+            .iter()
+            .filter(|e| e.key() == key && rv(e) <= at)
+            .max_by_key(|e| rv(e))
+            .map(|e| {
+                e.object["spec"]["holderIdentity"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            });
+        match holder {
+            Some(h) if h.starts_with(WINDOW_HOLDER) => {}
+            h => {
+                return Err(format!(
+                    "{}: Lease {key} at revision {at} was held by {h:?}",
+                    m.name
+                ));
+            }
+        }
+    }
+    Ok(())
 }
