@@ -290,6 +290,7 @@ async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
         open: window_options.0,
         close: window_options.1,
         poll: handoff::window::MOVE_POLL,
+        step_label: label.clone(),
     };
     let c = Cluster::new(
         if role == MoveRole::Source {

@@ -1,7 +1,8 @@
 //! Who makes each request: `handoff/<version>`, and while `handoff move` performs a step,
-//! `handoff/<version> (move step StopTarget)`. The API server's audit log then names the step
-//! behind each of handoff's writes, and so does the crash suite's proxy, which kills handoff at
-//! the first write of each step (`tests/capi/crash.rs`): a new step is a new crash point.
+//! `handoff/<version> (move step StopTarget)` (a backup's and a restore's: `(backup step Stop)`,
+//! `(restore step RunClusterctl)`). The API server's audit log then names the step behind each
+//! of handoff's writes, and so does the crash suite's proxy, which kills handoff at the first
+//! write of each step (`tests/capi/crash.rs`): a new step is a new crash point.
 
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -12,18 +13,20 @@ use tower::{Layer, Service};
 /// The step performed now, shared by the driver (which sets it) and the clients' layer
 /// (which says it).
 #[derive(Clone, Debug, Default)]
-pub struct StepLabel(Arc<Mutex<Option<&'static str>>>);
+pub struct StepLabel(Arc<Mutex<Option<(&'static str, &'static str)>>>);
 
 impl StepLabel {
-    pub fn set(&self, step: &'static str) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(step);
+    /// `of` performs `step` from now on: `move`, `backup` or `restore`, and the step's name as
+    /// its planner and its progress events spell it.
+    pub fn set(&self, of: &'static str, step: &'static str) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((of, step));
     }
 
     /// The User-Agent of a request sent now.
     pub fn user_agent(&self) -> String {
         let version = env!("CARGO_PKG_VERSION");
         match *self.0.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(step) => format!("handoff/{version} (move step {step})"),
+            Some((of, step)) => format!("handoff/{version} ({of} step {step})"),
             None => format!("handoff/{version}"),
         }
     }
@@ -95,7 +98,12 @@ mod tests {
         let mut send = || runtime.block_on(svc.call(Request::new(()))).unwrap();
         let version = env!("CARGO_PKG_VERSION");
         assert_eq!(send(), format!("handoff/{version}"));
-        label.set("StopTarget");
+        label.set("move", "StopTarget");
         assert_eq!(send(), format!("handoff/{version} (move step StopTarget)"));
+        label.set("backup", "WaitUnblocked");
+        assert_eq!(
+            send(),
+            format!("handoff/{version} (backup step WaitUnblocked)")
+        );
     }
 }

@@ -13,6 +13,7 @@ use super::super::common::{Cluster, Result, WindowError, now, read_window, recor
 use super::super::directory_plan::{self, Direction, DirectoryFlags, Then};
 use super::super::open::{OpenOptions, check, open, window_at_least_closed};
 use super::super::progress::{Format, Progress};
+use super::super::user_agent::StepLabel;
 use super::child::Child;
 use super::cluster_api::{CLUSTERS, clusters_in, patch, scan};
 use crate::resources::move_window::MoveRecord;
@@ -29,6 +30,8 @@ pub struct DirectoryOptions {
     pub close: CloseOptions,
     /// How often the Clusters are read while the providers lift their block-move.
     pub poll: Duration,
+    /// The step performed now, on each request's User-Agent (`(backup step Stop)`).
+    pub step_label: StepLabel,
 }
 
 impl DirectoryOptions {
@@ -47,8 +50,10 @@ impl DirectoryOptions {
         }
     }
 
-    /// Say that the run performs `step` (an event under `-o json`, a line under `-v`).
-    fn step(&self, out: &mut Progress, step: &str) {
+    /// Say that the run performs `step` (an event under `-o json`, a line under `-v`, and the
+    /// User-Agent of its requests from now on).
+    fn step(&self, out: &mut Progress, step: &'static str) {
+        self.step_label.set(self.what(), step);
         out.step(self.what(), step);
     }
 }

@@ -238,7 +238,7 @@ pub async fn run(
         let seen = m.observe(&asked, recorded.as_ref(), &run).await?;
         let step = move_next::next(&asked, recorded.as_ref(), &seen, &run);
         m.out.step("move", step.name());
-        opts.step_label.set(step.name());
+        opts.step_label.set("move", step.name());
         match m.perform(&step, recorded.as_ref(), &seen, &run).await {
             Ok(Some(outcome)) => run.clusterctl = Some(outcome),
             Ok(None) if step == Step::Done => return Ok(()),
