@@ -3,7 +3,8 @@
 //!
 //! - `backup`: `handoff move --to-directory`, the cluster lost, `--from-directory` into a fresh one.
 //! - `moves`: moves as shipped (15 s leases), there and back, proven from the clusters.
-//! - `crash`: `handoff move` killed at its crash points, then finished or undone.
+//! - `crash`: `handoff move` killed at its crash points, then finished or undone (its cases:
+//!   `crash_cases`).
 //! - `classes`: a ClusterClass shared across namespaces, each namespace moved, the class's last.
 //! - `pivot`: the book's "Pivot from a bootstrap cluster" page, its commands run in order.
 //!
@@ -19,6 +20,7 @@ mod support;
 mod backup;
 mod classes;
 mod crash;
+mod crash_cases;
 mod moves;
 mod pivot;
 mod proofs;

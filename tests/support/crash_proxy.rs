@@ -41,8 +41,9 @@ pub struct Write {
     pub role: &'static str,
     /// `METHOD resource[/subresource] [what] in ROLE` (`what_of`).
     pub label: String,
-    /// The step of `handoff move` that made it, as its User-Agent says
-    /// (`handoff/<version> (move step StopTarget)`); `None` for clusterctl's.
+    /// The step of `handoff move` (or of its backup or restore) that made it, as its
+    /// User-Agent says (`handoff/<version> (move step StopTarget)`, `(backup step Stop)`);
+    /// `None` for clusterctl's.
     pub step: Option<String>,
 }
 
@@ -65,10 +66,78 @@ pub struct Trigger {
     pub nth: usize,
 }
 
+/// What the proxies do, and when: several may be armed at once, each acts once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cue {
+    /// Kill handoff at this write (clusterctl dies with it, by its PDEATHSIG).
+    Handoff(Trigger),
+    /// Kill clusterctl alone while it is at this write: handoff lives, and sees its clusterctl
+    /// end by a signal (what an OOM kill of clusterctl does).
+    ClusterctlAlone(Trigger),
+    /// Kill handoff right before its first write in the `k`-th (from 1) distinct step of
+    /// `steps` it writes in: a re-run's or an `--abort`'s own steps, whichever the state it
+    /// found makes it take.
+    KthStep { steps: Vec<&'static str>, k: usize },
+}
+
+impl Cue {
+    fn describe(&self) -> String {
+        match self {
+            Cue::Handoff(t) => format!("handoff at {} #{}", t.label, t.nth),
+            Cue::ClusterctlAlone(t) => format!("clusterctl alone at {} #{}", t.label, t.nth),
+            Cue::KthStep { steps, k } if steps.len() == 1 => {
+                format!("handoff at step {}", steps[0])
+            }
+            Cue::KthStep { k, .. } => format!("handoff at its own step #{k}"),
+        }
+    }
+}
+
+/// One armed cue and what it has counted.
+#[derive(Debug)]
+struct Armed {
+    cue: Cue,
+    seen: usize,
+    steps: Vec<String>,
+    done: bool,
+}
+
+impl Armed {
+    /// Whether `w` is the write this cue acts at.
+    fn hits(&mut self, w: &Write) -> bool {
+        if self.done {
+            return false;
+        }
+        let hit = match &self.cue {
+            Cue::Handoff(t) | Cue::ClusterctlAlone(t) => {
+                if t.agent == w.agent && t.label == w.label {
+                    self.seen += 1;
+                }
+                self.seen == t.nth
+            }
+            Cue::KthStep { steps, k } => match &w.step {
+                Some(s)
+                    if w.agent == Agent::Handoff
+                        && steps.contains(&s.as_str())
+                        && !self.steps.contains(s) =>
+                {
+                    self.steps.push(s.clone());
+                    self.steps.len() == *k
+                }
+                _ => false,
+            },
+        };
+        self.done = hit;
+        hit
+    }
+}
+
 #[derive(Default)]
 struct Shared {
     log: Mutex<Vec<Write>>,
-    trigger: Mutex<Option<(Trigger, usize)>>,
+    armed: Mutex<Vec<Armed>>,
+    /// The cues that acted, in order, with the write each acted at.
+    acted: Mutex<Vec<(Cue, Write)>>,
     victim: AtomicI32,
     fired: AtomicBool,
     killed_at: Mutex<Option<Instant>>,
@@ -146,22 +215,47 @@ impl CrashProxies {
 
     /// Kill `pid` at `trigger` (counted from now), or never.
     pub fn arm(&self, trigger: Option<Trigger>, pid: i32) {
+        self.arm_cues(trigger.into_iter().map(Cue::Handoff).collect(), pid);
+    }
+
+    /// Act on `cues` (counted from now), `pid` being handoff's.
+    pub fn arm_cues(&self, cues: Vec<Cue>, pid: i32) {
         self.shared.victim.store(pid, Ordering::SeqCst);
         self.shared.fired.store(false, Ordering::SeqCst);
         *self.shared.killed_at.lock().unwrap() = None;
         self.shared.late.lock().unwrap().clear();
-        *self.shared.trigger.lock().unwrap() = trigger.map(|t| (t, 0));
+        self.shared.acted.lock().unwrap().clear();
+        *self.shared.armed.lock().unwrap() = cues
+            .into_iter()
+            .map(|cue| Armed {
+                cue,
+                seen: 0,
+                steps: Vec::new(),
+                done: false,
+            })
+            .collect();
     }
 
-    /// Kill nobody from now on; what the last trigger did (`fired`, `late_writes`) stays.
+    /// Kill nobody from now on; what the last cues did (`fired`, `acted`, `late_writes`) stays.
     pub fn disarm(&self) {
         self.shared.victim.store(0, Ordering::SeqCst);
-        *self.shared.trigger.lock().unwrap() = None;
+        self.shared.armed.lock().unwrap().clear();
     }
 
-    /// Whether the armed trigger killed its pid.
+    /// Whether a cue killed handoff.
     pub fn fired(&self) -> bool {
         self.shared.fired.load(Ordering::SeqCst)
+    }
+
+    /// The cues that acted since they were armed, each with the write it acted at.
+    pub fn acted(&self) -> Vec<(String, Write)> {
+        self.shared
+            .acted
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(c, w)| (c.describe(), w.clone()))
+            .collect()
     }
 
     /// The writes that arrived after the armed trigger fired, in order of arrival.
@@ -265,7 +359,7 @@ async fn handle(
         };
         let step = user_agent
             .as_deref()
-            .and_then(|ua| ua.split_once("(move step ")?.1.split(')').next())
+            .and_then(|ua| ua.split_once(" step ")?.1.split(')').next())
             .map(str::to_string);
         let w = Write {
             agent,
@@ -273,28 +367,38 @@ async fn handle(
             label: format!("{method} {resource}{what} in {role}"),
             step,
         };
-        let hit = {
-            let mut t = shared.trigger.lock().unwrap();
-            match t.as_mut() {
-                Some((trigger, seen)) if trigger.agent == agent && trigger.label == w.label => {
-                    *seen += 1;
-                    *seen == trigger.nth
-                }
-                _ => false,
-            }
-        };
-        shared.log.lock().unwrap().push(w);
+        let hit = shared
+            .armed
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .find_map(|a| a.hits(&w).then(|| a.cue.clone()));
+        shared.log.lock().unwrap().push(w.clone());
         let pid = shared.victim.load(Ordering::SeqCst);
-        if hit && pid > 0 {
-            *shared.killed_at.lock().unwrap() = Some(Instant::now());
-            // SAFETY: kill(2) of the test's own child, by pid.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
+        match hit {
+            Some(cue @ Cue::ClusterctlAlone(_)) if pid > 0 => {
+                // handoff's children are its clusterctl alone.
+                for child in children_of(pid) {
+                    // SAFETY: kill(2) of a child of the test's own child, by pid.
+                    unsafe {
+                        libc::kill(child, libc::SIGKILL);
+                    }
+                }
+                shared.acted.lock().unwrap().push((cue, w));
             }
-            shared.fired.store(true, Ordering::SeqCst);
-            if agent == Agent::Handoff {
-                return status(503, "ServiceUnavailable", "killed before this write");
+            Some(cue) if pid > 0 => {
+                *shared.killed_at.lock().unwrap() = Some(Instant::now());
+                // SAFETY: kill(2) of the test's own child, by pid.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+                shared.fired.store(true, Ordering::SeqCst);
+                shared.acted.lock().unwrap().push((cue, w));
+                if agent == Agent::Handoff {
+                    return status(503, "ServiceUnavailable", "killed before this write");
+                }
             }
+            _ => {}
         }
     }
     match forward_bytes(&client, &parts, &target, body).await {
@@ -302,6 +406,28 @@ async fn handle(
         Err(ForwardError::Body(e)) => status(503, "ServiceUnavailable", &e),
         Err(ForwardError::Send(e)) => status(503, "ServiceUnavailable", &e),
     }
+}
+
+/// The processes whose parent is `pid` (`/proc/<p>/stat`'s fourth field).
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // After the command's `(name)`, which may hold spaces: state, then the parent.
+            let ppid: i32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(p)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -31,6 +31,10 @@ const OUTER_NETNS: &str = "HANDOFF_OUTER_NETNS";
 
 /// How long the re-executed test may run before the outer one kills it and fails: 30 minutes,
 /// or `HANDOFF_NETNS_RUN_LIMIT` seconds (a run of every crash case takes hours).
+/// A line of a re-executed test's stderr that starts with this is shown in the log of every
+/// run, passed or not (libtest shows a passing test's output only with `--nocapture`).
+pub const ALWAYS_SHOWN: &str = "[shown] ";
+
 fn run_limit() -> Duration {
     match std::env::var("HANDOFF_NETNS_RUN_LIMIT") {
         Err(_) => Duration::from_secs(30 * 60),
@@ -183,6 +187,11 @@ fn run_in_netns(test_name: &str) {
     let mut exited_at: Option<Instant> = None;
     loop {
         match rx.recv_timeout(Duration::from_secs(1)) {
+            // A line meant for every run's log (a crash case and its outcome), past libtest's
+            // capture as well as in it.
+            Ok((true, line)) if line.starts_with(ALWAYS_SHOWN) => {
+                let _ = writeln!(std::io::stderr(), "{line}");
+            }
             // Through the print macros, so that libtest captures it as the test's own output.
             Ok((true, line)) => eprintln!("{line}"),
             Ok((false, line)) => {
