@@ -21,6 +21,7 @@ mod backup;
 mod classes;
 mod crash;
 mod crash_cases;
+mod crash_directory;
 mod moves;
 mod pivot;
 mod proofs;

@@ -78,6 +78,8 @@ pub enum Cue {
     /// `steps` it writes in: a re-run's or an `--abort`'s own steps, whichever the state it
     /// found makes it take.
     KthStep { steps: Vec<&'static str>, k: usize },
+    /// Kill handoff at the `nth` write of `agent`, whatever it writes.
+    NthOf { agent: Agent, nth: usize },
 }
 
 impl Cue {
@@ -89,6 +91,7 @@ impl Cue {
                 format!("handoff at step {}", steps[0])
             }
             Cue::KthStep { k, .. } => format!("handoff at its own step #{k}"),
+            Cue::NthOf { agent, nth } => format!("handoff at {agent:?}'s write #{nth}"),
         }
     }
 }
@@ -114,6 +117,12 @@ impl Armed {
                     self.seen += 1;
                 }
                 self.seen == t.nth
+            }
+            Cue::NthOf { agent, nth } => {
+                if *agent == w.agent {
+                    self.seen += 1;
+                }
+                self.seen == *nth
             }
             Cue::KthStep { steps, k } => match &w.step {
                 Some(s)
