@@ -4,7 +4,8 @@
 //! - `backup`: `handoff move --to-directory`, the cluster lost, `--from-directory` into a fresh one.
 //! - `moves`: moves as shipped (15 s leases), there and back, proven from the clusters.
 //! - `crash`: `handoff move` killed at its crash points, then finished or undone (its cases:
-//!   `crash_cases`).
+//!   `crash_cases`; what "nothing lost" compares: `crash_graph`; a backup and a restore killed:
+//!   `crash_directory`; API servers restarted, pods lost, handoff down: `crash_faults`).
 //! - `classes`: a ClusterClass shared across namespaces, each namespace moved, the class's last.
 //! - `pivot`: the book's "Pivot from a bootstrap cluster" page, its commands run in order.
 //!
@@ -22,6 +23,8 @@ mod classes;
 mod crash;
 mod crash_cases;
 mod crash_directory;
+mod crash_faults;
+mod crash_graph;
 mod moves;
 mod pivot;
 mod proofs;
