@@ -204,6 +204,10 @@ mod tests {
             // Where a window brought along what it needed, the move removes it after it
             // recorded itself done.
             MovePhase::Done,
+            // A re-run's or an --abort's stop: clusterctl failed (or died alone) and handoff
+            // recorded it; an --abort under way.
+            MovePhase::Failed,
+            MovePhase::Aborting,
         ];
         assert_eq!(rows, run.iter().map(MovePhase::as_str).collect::<Vec<_>>());
     }

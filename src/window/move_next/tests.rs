@@ -648,6 +648,21 @@ fn table_rows() -> Vec<Row> {
             Start::Tidy,
             true,
         ),
+        // clusterctl failed, or died alone (`-1`: by a signal), and handoff recorded it.
+        (
+            Some(MovePhase::Failed),
+            Some(-1),
+            partly_copied.clone(),
+            Start::Resume,
+            true,
+        ),
+        (
+            Some(MovePhase::Failed),
+            Some(-1),
+            deleting.clone(),
+            Start::ResumeStopped,
+            false,
+        ),
     ]
 }
 
@@ -676,11 +691,21 @@ fn every_row_of_the_books_table_is_a_row_here() {
             }
         }
     }
+    // An --abort stopped midway: the move is refused until the same --abort finishes it.
+    let r = record(MovePhase::Aborting, None);
+    let paused_source = Observed {
+        source: vec![c("a", true)],
+        ..Observed::default()
+    };
+    refused(&moved(&asked(false), Some(&r), &paused_source));
+    let aborted = moved(&asked(true), Some(&r), &paused_source);
+    assert_eq!(aborted.last(), Some(&Step::Done), "Aborting: {aborted:?}");
     // And the book has a row for each of these phases and no other.
     let mut in_book = books_phases();
     let mut here: Vec<String> = rows
         .iter()
         .map(|(p, ..)| p.as_ref().map_or("none".into(), |p| p.to_string()))
+        .chain(["Aborting".to_string()])
         .collect();
     in_book.dedup();
     here.dedup();
