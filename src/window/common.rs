@@ -31,7 +31,7 @@ pub struct Cluster {
     crds: Arc<Mutex<HashMap<String, Option<ApiResource>>>>,
     /// What of handoff guards this cluster, as first surveyed this run (`installed::survey`):
     /// nothing a run writes changes it.
-    surveyed: Arc<Mutex<Option<super::installed::Present>>>,
+    surveyed: Arc<Mutex<Option<Present>>>,
 }
 
 impl Cluster {
@@ -46,11 +46,11 @@ impl Cluster {
         }
     }
 
-    pub fn surveyed(&self) -> Option<super::installed::Present> {
+    pub fn surveyed(&self) -> Option<Present> {
         *self.surveyed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn survey_read(&self, p: super::installed::Present) {
+    pub fn survey_read(&self, p: Present) {
         *self.surveyed.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
     }
 
@@ -389,4 +389,16 @@ mod tests {
             ""
         );
     }
+}
+
+/// What guards a cluster's windows already, and what its API server serves (surveyed by
+/// `installed::survey`, kept on the `Cluster` for the run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Present {
+    /// handoff's `lease-hold.handoff.dev` webhook, or its `handoff-lease-hold` policy.
+    pub lease_guard: bool,
+    /// handoff's `move-window.handoff.dev` webhook, or its pin policy.
+    pub pin: bool,
+    pub serves_vap: bool,
+    pub serves_map: bool,
 }

@@ -24,6 +24,7 @@ use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, Preconditions};
 use serde_json::{Value, json};
 
+use super::common::Present;
 use super::common::{Cluster, Result, WindowError, api_err};
 use crate::admission_policy::{LEASE_HOLD_POLICY, PIN_POLICY, WINDOW_LABEL, apply, per_window};
 use crate::resources::move_window::MoveWindow;
@@ -77,17 +78,6 @@ impl Crd {
 
 fn users_value(users: &BTreeSet<String>) -> String {
     users.iter().cloned().collect::<Vec<_>>().join(",")
-}
-
-/// What guards a cluster's windows already, and what its API server serves.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Present {
-    /// handoff's `lease-hold.handoff.dev` webhook, or its `handoff-lease-hold` policy.
-    pub lease_guard: bool,
-    /// handoff's `move-window.handoff.dev` webhook, or its pin policy.
-    pub pin: bool,
-    pub serves_vap: bool,
-    pub serves_map: bool,
 }
 
 /// What a window puts in place on one cluster, and what stays unguarded there (said before
