@@ -13,7 +13,6 @@
 //! controllers stopped for the same command again.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::support;
@@ -28,16 +27,10 @@ fn handoff_move(rig: &Rig, clusterctl: &Path, args: &[&str]) -> (bool, String) {
 
 /// The same, with handoff's exit code.
 fn handoff_move_code(rig: &Rig, clusterctl: &Path, args: &[&str]) -> (Option<i32>, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
-    cmd.arg("move")
-        .args(args)
-        .arg("--clusterctl")
-        .arg(clusterctl)
-        .env_remove("KUBECONFIG");
-    for (k, v) in rig.clusterctl_env() {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("handoff move");
+    let out = rig
+        .handoff(clusterctl, args)
+        .output()
+        .expect("handoff move");
     (out.status.code(), text(&out.stderr) + &text(&out.stdout))
 }
 

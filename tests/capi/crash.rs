@@ -460,6 +460,18 @@ pub(super) fn restored(m: &Mgmt, what: &str) {
     m.nothing_of_handoff_left(NS);
 }
 
+/// Every provider Lease of both clusters the window's: the row of `phase` says both clusters'
+/// controllers are stopped.
+fn both_stopped(clusters: [&Mgmt; 2], phase: &str, what: &str) {
+    for m in clusters {
+        assert!(
+            m.window_holds_every_provider_lease(),
+            "{what}: phase {phase} is \"both clusters' controllers stopped\", but a provider Lease of {} is not the window's",
+            m.name
+        );
+    }
+}
+
 /// Right after a kill: the clusters are what the row of `recorded` says ("If a move stops"),
 /// and nothing is lost: every object that was there before is in the source or the target (or
 /// both, as clusterctl left a copy it did not finish), with its content unchanged.
@@ -566,13 +578,7 @@ fn after_kill(
                 source_clusters.iter().all(|(_, paused, _)| *paused),
                 "{what}: phase Copying with the source's Clusters running (name, paused, block-move): {source_clusters:?}"
             );
-            for m in [from, to] {
-                assert!(
-                    m.window_holds_every_provider_lease(),
-                    "{what}: phase Copying is \"both clusters' controllers stopped\", but a provider Lease of {} is not the window's",
-                    m.name
-                );
-            }
+            both_stopped([from, to], recorded, what);
         }
         // Recorded done, removing what the windows brought along: every controller back.
         "Done" => {
@@ -601,13 +607,7 @@ fn after_kill(
                 source_clusters.iter().all(|(_, _, bm)| bm.is_none()),
                 "{what}: phase Failed with handoff's block-move still on (name, paused, block-move): {source_clusters:?}"
             );
-            for m in [from, to] {
-                assert!(
-                    m.window_holds_every_provider_lease(),
-                    "{what}: phase Failed is \"both clusters' controllers stopped\", but a provider Lease of {} is not the window's",
-                    m.name
-                );
-            }
+            both_stopped([from, to], recorded, what);
         }
         // Only what holds whatever the --abort had brought back: nothing lost, nothing added.
         "Aborting" => {}

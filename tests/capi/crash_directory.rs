@@ -72,16 +72,11 @@ fn cue(step: &'static str) -> Cue {
 
 /// `handoff move ARGS` through the proxies, with the rig's clusterctl.
 fn directory_cmd(rig: &Rig, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
-    cmd.arg("move")
-        .args(args)
-        .arg("--clusterctl")
-        .arg(rig.clusterctl())
-        .env_remove("KUBECONFIG");
-    for (k, v) in rig.clusterctl_env() {
-        cmd.env(k, v);
-    }
-    cmd
+    rig.handoff(&rig.clusterctl(), args)
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
 
 /// The files of a backup folder.
@@ -92,12 +87,14 @@ fn files(dir: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-/// Killed at `step`, then `then` and the same command until it succeeds; returns what it said.
+/// Killed at `step`, then `then` and the same command until it succeeds (`stopped`: the cluster
+/// whose controllers it stops); returns what it said.
 #[allow(clippy::too_many_arguments)]
 fn killed_then_finished(
     rig: &Rig,
     proxies: &CrashProxies,
     here: usize,
+    stopped: &Mgmt,
     args: &[&str],
     step: &'static str,
     then: Then,
@@ -124,6 +121,14 @@ fn killed_then_finished(
         let aborted: Run =
             crash::run_handoff(rig, proxies, here, directory_cmd(rig, &abort), vec![]);
         assert!(aborted.ok, "{what}: --abort:\n{}", aborted.log);
+        // Undone before the same command runs again: the Clusters unpaused, every controller
+        // of the cluster it stopped back, nothing of handoff left there.
+        assert_eq!(
+            crash::paused_clusters(stopped),
+            Vec::<String>::new(),
+            "{what}: after --abort"
+        );
+        crash::restored(stopped, &format!("{what}, after --abort"));
         said.push_str("--abort undid it; ");
     }
     let again = crash::run_handoff(rig, proxies, here, directory_cmd(rig, args), vec![]);
@@ -151,19 +156,26 @@ pub fn backup_and_restore_killed(
 ) {
     let (backups, restores) = chosen(seed, all);
     let kubeconfig = proxies.kubeconfigs[here].display().to_string();
+    // A backup of the namespace into a new folder `name` under `dir`: the folder and the args.
+    let backup = |name: &str| {
+        let folder = dir.join(name);
+        std::fs::create_dir_all(&folder).expect("backup folder");
+        let arg = folder.display().to_string();
+        let args: Vec<String> = [
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            NS,
+            "--to-directory",
+            &arg,
+        ]
+        .map(String::from)
+        .into();
+        (folder, args)
+    };
     // The reference: a backup not interrupted, for the files a complete one writes.
-    let reference = dir.join("backup-reference");
-    std::fs::create_dir_all(&reference).expect("backup folder");
-    let reference_arg = reference.display().to_string();
-    let args = [
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        NS,
-        "--to-directory",
-        &reference_arg,
-    ];
-    let r = crash::run_handoff(rig, proxies, here, directory_cmd(rig, &args), vec![]);
+    let (reference, args) = backup("backup-reference");
+    let r = crash::run_handoff(rig, proxies, here, directory_cmd(rig, &strs(&args)), vec![]);
     assert!(r.ok, "the reference backup:\n{}", r.log);
     let complete = files(&reference);
     assert!(complete.len() >= 6, "the reference backup: {complete:?}");
@@ -171,18 +183,8 @@ pub fn backup_and_restore_killed(
     for (i, (step, then)) in backups.into_iter().enumerate() {
         let t = Instant::now();
         let what = format!("backup of {} killed at {step}, then {then:?}", from.name);
-        let d = dir.join(format!("backup-{i}"));
-        std::fs::create_dir_all(&d).expect("backup folder");
-        let d_arg = d.display().to_string();
-        let args = [
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            NS,
-            "--to-directory",
-            &d_arg,
-        ];
-        let said = killed_then_finished(rig, proxies, here, &args, step, then, &what);
+        let (d, args) = backup(&format!("backup-{i}"));
+        let said = killed_then_finished(rig, proxies, here, from, &strs(&args), step, then, &what);
         assert_eq!(
             files(&d),
             complete,
@@ -209,7 +211,7 @@ pub fn backup_and_restore_killed(
         let what = format!("restore into {} killed at {step}, then {then:?}", to.name);
         // Each restore starts as the first did: no MoveWindow of an earlier one.
         to.delete_all_windows();
-        let said = killed_then_finished(rig, proxies, here, &args, step, then, &what);
+        let said = killed_then_finished(rig, proxies, here, to, &args, step, then, &what);
         let differ = crash::differences(before, &crash::graph(to));
         assert!(
             differ.is_empty(),

@@ -85,15 +85,11 @@ pub(super) fn pods_lost_and_added_in_a_window(m: &Mgmt, probes: Vec<serde_json::
         },
     );
     // Several lease durations (6 s) with the new pods running: the Leases stay the window's.
-    let until = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < until {
-        assert!(
-            m.window_holds_every_provider_lease(),
-            "{}: a provider took its Lease during the window",
-            m.name
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    held_throughout(
+        m,
+        Duration::from_secs(20),
+        "a provider took its Lease during the window",
+    );
     let (ran, failed) = prober.finish();
     assert!(
         ran >= 10 && failed.is_empty(),
@@ -372,15 +368,11 @@ pub(super) fn handoff_down_in_a_window(m: &mut Mgmt) {
     assert!(ok, "{log}");
     let opened = support::capi::wall();
     m.stop_handoff();
-    let until = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < until {
-        assert!(
-            m.window_holds_every_provider_lease(),
-            "{}: a Lease was taken while handoff was down",
-            m.name
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    held_throughout(
+        m,
+        Duration::from_secs(15),
+        "a Lease was taken while handoff was down",
+    );
     let patched = m.patch_lease(
         "capd-system",
         "controller-leader-election-capd",
@@ -421,4 +413,14 @@ pub(super) fn handoff_down_in_a_window(m: &mut Mgmt) {
         "{}: handoff down in a window: Leases held 15 s and more, the admin's write refused, close refused with:\n{log}",
         m.name
     );
+}
+
+/// Every provider Lease of `m` the window's at each read for `long` (several lease durations:
+/// a candidate that could take one would have by then); `why` names what a failure means.
+fn held_throughout(m: &Mgmt, long: Duration, why: &str) {
+    let until = Instant::now() + long;
+    while Instant::now() < until {
+        assert!(m.window_holds_every_provider_lease(), "{}: {why}", m.name);
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

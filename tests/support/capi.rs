@@ -154,15 +154,23 @@ impl Rig {
 
     /// `handoff move` from `from` to `to` (kubeconfig paths), with clusterctl's environment.
     pub fn handoff_move(&self, from: &Path, to: &Path, ns: &str) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
-        cmd.arg("move")
-            .arg("--kubeconfig")
+        let mut cmd = self.handoff(&self.clusterctl(), &[]);
+        cmd.arg("--kubeconfig")
             .arg(from)
             .arg("--to-kubeconfig")
             .arg(to)
-            .args(["--namespace", ns])
+            .args(["--namespace", ns]);
+        cmd
+    }
+
+    /// `handoff move ARGS` running `clusterctl` (the rig's, or a stand-in that fails), with
+    /// clusterctl's environment and no KUBECONFIG of the test's.
+    pub fn handoff(&self, clusterctl: &Path, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
+        cmd.arg("move")
+            .args(args)
             .arg("--clusterctl")
-            .arg(self.clusterctl())
+            .arg(clusterctl)
             .env_remove("KUBECONFIG");
         for (k, v) in self.clusterctl_env() {
             cmd.env(k, v);
