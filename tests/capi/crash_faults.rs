@@ -133,6 +133,43 @@ struct LeaseReads {
     released: Option<(f64, f64, Vec<String>)>,
 }
 
+impl LeaseReads {
+    /// The window held the Leases across the copy, as far as these reads can tell: a read
+    /// found them the window's after the API server was ready again (`ready`), and one begun
+    /// after the latest the copy can have ended (`last_delete`, where a re-list first saw the
+    /// last delete), before a read found them released. Taking the copy's earliest end instead
+    /// would pass a Lease released while the source was down, before clusterctl's last delete.
+    /// Times are said since `started`.
+    fn held_across(&self, ready: f64, last_delete: f64, started: f64) -> Result<(), String> {
+        let at = |t: f64| t - started;
+        if !self.held.iter().any(|(began, _)| *began > ready) {
+            return Err(format!(
+                "no read found the Leases the window's after its kube-apiserver was ready again (+{:.1}s) and before a read found them released ({:?}); {} reads before",
+                at(ready),
+                self.released
+                    .as_ref()
+                    .map(|(_, ended, holders)| (at(*ended), holders)),
+                self.held.len()
+            ));
+        }
+        let Some((_, released, holders)) = &self.released else {
+            return Err(format!(
+                "no read found the provider Leases released ({} reads, all the window's)",
+                self.held.len()
+            ));
+        };
+        let held_after_copy = self.held.iter().any(|(began, _)| *began > last_delete);
+        if *released <= last_delete || !held_after_copy {
+            return Err(format!(
+                "provider Leases not found the window's by any read begun after the copy ended at the latest (+{:.1}s), and found released at +{:.1}s: {holders:?}",
+                at(last_delete),
+                at(*released)
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `LeaseReads` of `m` on a thread; once `stop` is set it gives up a minute later (the move
 /// has finished by then, so the window has released the Leases).
 fn read_leases(
@@ -282,38 +319,9 @@ pub(super) fn apiservers_restarted_mid_copy(rig: &Rig, from: &Mgmt, to: &Mgmt, b
             at(first_create),
             at(last_delete)
         );
-        let after_restart = reads
-            .held
-            .iter()
-            .filter(|(began, _)| *began > ready)
-            .count();
-        assert!(
-            after_restart >= 1,
-            "{what}: {}: no read found the Leases the window's after its kube-apiserver was ready again (+{:.1}s) and before a read found them released ({:?}); {} reads before",
-            m.name,
-            at(ready),
-            reads
-                .released
-                .as_ref()
-                .map(|(_, ended, holders)| (at(*ended), holders)),
-            reads.held.len()
-        );
-        let Some((_, released, holders)) = &reads.released else {
-            panic!(
-                "{what}: {}: no read found the provider Leases released ({} reads, all the window's)\n{log}",
-                m.name,
-                reads.held.len()
-            );
-        };
-        let held_after_copy = reads.held.iter().any(|(began, _)| *began > last_delete);
-        assert!(
-            *released > last_delete && held_after_copy,
-            "{what}: {}: provider Leases not found the window's by any read begun after the copy ended at the latest (+{:.1}s {last}; at the earliest +{:.1}s), and found released at +{:.1}s: {holders:?}\n{log}",
-            m.name,
-            at(last_delete),
-            at(copy_ended),
-            at(*released)
-        );
+        reads
+            .held_across(ready, last_delete, started)
+            .unwrap_or_else(|why| panic!("{what}: {}: {why}\n{log}", m.name));
         // The Leases were the window's until the copy ended and at every read that found them so.
         let held_until = reads
             .held
@@ -423,4 +431,40 @@ fn held_throughout(m: &Mgmt, long: Duration, why: &str) {
         assert!(m.window_holds_every_provider_lease(), "{}: {why}", m.name);
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// The restart case's bound: the source's last delete happened while its API server was down
+/// (+30 s .. +32 s), seen by the watch's last delivery at +30 s and by the re-list at +32 s. A
+/// target Lease released at +31.5 s, maybe before clusterctl's real last delete, fails; by the
+/// copy's earliest end (+30 s), as the check once took it, it passed.
+#[test]
+fn a_lease_released_while_the_source_was_down_fails_the_restart_case() {
+    let (ready, since, last_delete) = (20.0, 30.0, 32.0);
+    let reads = |held: &[f64], released: f64| LeaseReads {
+        held: held.iter().map(|b| (*b, b + 0.1)).collect(),
+        released: Some((
+            released - 0.1,
+            released,
+            vec!["capi-system/x: \"pod\"".into()],
+        )),
+    };
+    let released_in_outage = reads(&[18.0, 21.0, 30.5, 31.0], 31.5);
+    assert!(released_in_outage.held_across(ready, since, 0.0).is_ok());
+    let why = released_in_outage
+        .held_across(ready, last_delete, 0.0)
+        .unwrap_err();
+    assert!(why.contains("found released at +31.5s"), "{why}");
+    // Held until after the re-list saw the last delete: the restore, in time.
+    assert_eq!(
+        reads(&[18.0, 21.0, 31.0, 32.5, 33.0], 34.0).held_across(ready, last_delete, 0.0),
+        Ok(())
+    );
+    // No read after the restart: nothing says the Leases survived it.
+    let why = reads(&[18.0, 19.5], 34.0)
+        .held_across(ready, last_delete, 0.0)
+        .unwrap_err();
+    assert!(
+        why.contains("after its kube-apiserver was ready again"),
+        "{why}"
+    );
 }

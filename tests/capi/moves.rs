@@ -652,3 +652,62 @@ fn handoff_move_with_the_real_clusterctl_and_providers() {
         t0.elapsed().as_secs_f64()
     );
 }
+
+/// A Lease write as a watch delivers it: arrival `at`, etcd revision `rv`.
+fn lease_event(at: f64, rv: u64, lease: (&str, &str), holder: &str) -> support::capi::Event {
+    support::capi::Event {
+        at,
+        since: at,
+        kind: "MODIFIED".into(),
+        object: serde_json::json!({
+            "metadata": {"namespace": lease.0, "name": lease.1, "resourceVersion": rv.to_string()},
+            "spec": {"holderIdentity": holder},
+        }),
+    }
+}
+
+/// "Held before the first create" fails where the window took a Lease after clusterctl's first
+/// create, even when the Lease watch delivered the take first: the create, watched by another
+/// watch of the same cluster, arrived later (at +1.5 s, revision 110; the take at +1.0 s,
+/// revision 120). By arrival times, as the check once compared them, it passed.
+#[test]
+fn held_before_the_first_create_is_ordered_by_revisions_not_by_arrival() {
+    let holder = format!("{WINDOW_HOLDER}move-1");
+    let (create_at, create_rv) = (1.5, 110);
+    let mut events: Vec<_> = PROVIDERS
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (ns, _, lease))| {
+            [
+                lease_event(
+                    0.1,
+                    50 + i as u64,
+                    (ns, lease),
+                    "capi-controller-manager-7c9_x",
+                ),
+                lease_event(0.5, 100 + i as u64, (ns, lease), &holder),
+            ]
+        })
+        .collect();
+    assert_eq!(
+        support::capi::window_held_at(&events, create_rv),
+        Ok(()),
+        "every Lease taken at revisions 100..104, before the create at 110"
+    );
+    // The last one taken after the create, but delivered before it.
+    let (ns, _, lease) = PROVIDERS[3];
+    events.retain(|e| e.key() != format!("{ns}/{lease}") || rv(e) < 100);
+    events.push(lease_event(1.0, 120, (ns, lease), &holder));
+    let by_arrival = events
+        .iter()
+        .filter(|e| e.key() == format!("{ns}/{lease}"))
+        .filter(|e| e.at <= create_at)
+        .max_by(|a, b| a.at.total_cmp(&b.at))
+        .map(|e| e.object["spec"]["holderIdentity"] == holder.as_str());
+    assert_eq!(by_arrival, Some(true), "by arrival it looks held");
+    let why = support::capi::window_held_at(&events, create_rv).unwrap_err();
+    assert!(
+        why.contains(&format!("Lease {ns}/{lease} at revision 110")) && why.contains("capi-"),
+        "{why}"
+    );
+}

@@ -1229,7 +1229,12 @@ pub fn rv(e: &Event) -> u64 {
 /// Whether the window held every provider Lease of `m` at revision `at`: each Lease's last
 /// write at or before it names the window as holder.
 pub fn held_at(m: &Mgmt, leases: &Watch, at: u64) -> Result<(), String> {
-    let events = leases.events();
+    window_held_at(&leases.events(), at).map_err(|why| format!("{}: {why}", m.name))
+}
+
+/// `held_at` on one cluster's Lease events: ordered by that cluster's etcd revisions, never by
+/// when the watch delivered them (two watches of one cluster deliver in their own time).
+pub fn window_held_at(events: &[Event], at: u64) -> Result<(), String> {
     for (ns, _, lease) in PROVIDERS {
         let key = format!("{ns}/{lease}");
         let holder = events
@@ -1244,12 +1249,7 @@ pub fn held_at(m: &Mgmt, leases: &Watch, at: u64) -> Result<(), String> {
             });
         match holder {
             Some(h) if h.starts_with(WINDOW_HOLDER) => {}
-            h => {
-                return Err(format!(
-                    "{}: Lease {key} at revision {at} was held by {h:?}",
-                    m.name
-                ));
-            }
+            h => return Err(format!("Lease {key} at revision {at} was held by {h:?}")),
         }
     }
     Ok(())
