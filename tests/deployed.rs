@@ -5,9 +5,10 @@
 //! RBAC, made ready by their own probes (`support::kubelet`, `support::kube_proxy`). No webhook
 //! configuration is rewritten.
 //!
-//! `deployed_as_shipped` (every run): each kind of request answered right, then under load one
-//! rollout of each Deployment, a `kill -9` of a replica and a certificate rotation, with no
-//! failed call and no wrong answer. `rollout_under_load` (`cargo test --test deployed --
+//! `deployed_as_shipped` (every run): each kind of request answered right, then under load a
+//! certificate rotation, one rollout of each Deployment and a `kill -9` of a replica, with no
+//! failed call, no wrong answer, and no connection closed by a pod that was not stopping (the
+//! API server's `EOF`: `server::keep_alive`). `rollout_under_load` (`cargo test --test deployed --
 //! --ignored --nocapture rollout_under_load`) is the measurement the book reports (docs/src/development.md): three
 //! rollouts of each at 25 requests a second.
 
@@ -102,6 +103,16 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
     let mut windows = Vec::new();
     std::thread::sleep(Duration::from_secs(3));
     let k = &shipped.kubelet;
+    // A certificate renewal: the Secret replaced, every pod's volume swapped by `..data`. First,
+    // so that the API server connects anew to pods serving the new certificate: its pooled
+    // connections outlive a rotation (and handoff never closes them while they are idle).
+    let from = load.elapsed();
+    shipped.rotate_serving_certificate(&api);
+    rotated_everywhere(&shipped);
+    let rotated = std::time::SystemTime::now();
+    windows.push((from, load.elapsed()));
+    std::thread::sleep(Duration::from_secs(2));
+
     for round in 0..rollouts {
         let only = std::env::var("HANDOFF_ROLLOUT_ONLY").ok();
         for d in shipped
@@ -122,17 +133,8 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
         }
     }
 
-    // A certificate renewal: the Secret replaced, every pod's volume swapped by `..data`.
-    let from = load.elapsed();
-    shipped.rotate_serving_certificate(&api);
-    rotated_everywhere(&shipped);
-    let rotated = std::time::SystemTime::now();
-    windows.push((from, load.elapsed()));
-    std::thread::sleep(Duration::from_secs(2));
-
     // A crash: kill -9 of the guard replica that took the API server's latest connection (the
-    // one carrying its calls); the kubelet restarts it, its probe readmits it. The API server
-    // has to connect anew, and so to verify the rotated certificate.
+    // one carrying its calls); the kubelet restarts it, its probe readmits it.
     let carrying = k.proxy("handoff-guard:https").last_routed();
     let victim = k
         .pods_of("handoff-guard")
@@ -171,6 +173,7 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
 
     let duration = load.elapsed();
     let samples = load.stop();
+    let closes = pod_closes(k);
     let mut report = Report::new(&samples, &windows, Some(crash_at));
     report.expected = (duration.as_secs_f64() * f64::from(per_second)) as usize;
     let counted_after = apiserver_webhook_counts(&api);
@@ -187,6 +190,10 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
     }
     for t in k.traffic() {
         println!("  {t}");
+    }
+    println!("{}", closes.summary());
+    for c in &closes.by_running_pods {
+        println!("  closed by a running pod: {c}");
     }
     if !report.wrong().is_empty() || !report.all.failed.is_empty() || !report.all.other.is_empty() {
         let t0 = std::time::SystemTime::now() - load_started.elapsed();
@@ -218,7 +225,79 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
         println!("every pod's log is kept in {}", keep.display());
     }
     k.shutdown();
+    assert!(
+        closes.by_running_pods.is_empty(),
+        "{} connection(s) closed by a pod that was not stopping, each a review the API server may write as it closes (an EOF it does not retry): see above",
+        closes.by_running_pods.len()
+    );
     report
+}
+
+/// How the API server's connections to the pods ended, from the kube-proxy's log.
+struct PodCloses {
+    total: usize,
+    by_client: usize,
+    /// Closed first by a pod told to stop (its drain, or the kill -9): how long after the
+    /// client's last request.
+    by_stopping_pods: Vec<f64>,
+    /// Closed first by a pod that was not stopping: none may be.
+    by_running_pods: Vec<String>,
+}
+
+impl PodCloses {
+    fn summary(&self) -> String {
+        let idle = |min: bool| {
+            self.by_stopping_pods
+                .iter()
+                .copied()
+                .reduce(if min { f64::min } else { f64::max })
+                .unwrap_or(0.0)
+        };
+        format!(
+            "connections to the pods: {}; closed by the client {}, by a stopping pod {} ({:.1} .. {:.1} s after the client's last request), by a running pod {}",
+            self.total,
+            self.by_client,
+            self.by_stopping_pods.len(),
+            idle(true),
+            idle(false),
+            self.by_running_pods.len()
+        )
+    }
+}
+
+fn pod_closes(k: &support::kubelet::Kubelet) -> PodCloses {
+    let stopping = k.stopping_since();
+    let mut closes = PodCloses {
+        total: 0,
+        by_client: 0,
+        by_stopping_pods: Vec::new(),
+        by_running_pods: Vec::new(),
+    };
+    for name in ["handoff-guard:https", "handoff-pin:https"] {
+        for c in k.proxy(name).log.lock().unwrap().iter() {
+            closes.total += 1;
+            let Some(at) = c.closed_by_pod() else {
+                closes.by_client += usize::from(!c.ends.is_empty());
+                continue;
+            };
+            let idle = c
+                .last_from_client
+                .and_then(|b| at.duration_since(b).ok())
+                .unwrap_or_default()
+                .as_secs_f64();
+            match stopping.get(&c.pod) {
+                Some(since) if at >= *since => closes.by_stopping_pods.push(idle),
+                _ => closes.by_running_pods.push(format!(
+                    "{name} -> {}: opened {}, {:?} at {} {idle:.1} s after the client's last request",
+                    c.pod,
+                    wall(c.opened),
+                    c.ends[0].1,
+                    wall(at)
+                )),
+            }
+        }
+    }
+    closes
 }
 
 /// The webhook configurations in the API server are the shipped ones: Services, paths, port

@@ -693,6 +693,112 @@ async fn a_client_that_stalls_the_handshake_or_its_headers_is_dropped() {
     server.stop().await;
 }
 
+/// One review on a raw HTTP/1.1 connection, kept alive: the answer's status, its headers and
+/// body read whole (by Content-Length).
+async fn review_on<S>(tls: &mut S) -> Result<u16, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let body = fixture("delete-configmap-by-syncer.json");
+    let head = format!(
+        "POST {GUARD} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    tls.write_all(&body).await.map_err(|e| e.to_string())?;
+    tls.flush().await.map_err(|e| e.to_string())?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = tls.read(&mut buf).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!("EOF after {} bytes", got.len()));
+        }
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .ok_or("no Content-Length")?;
+            if got.len() >= end + 4 + length {
+                return text[9..12].parse().map_err(|e| format!("{e}: {text}"));
+            }
+        }
+    }
+}
+
+/// The API server keeps an idle connection 90 s and writes a review onto it whenever it likes;
+/// a server that closes it first races that write, and the review fails with `EOF`. So an
+/// idle HTTP/1.1 connection outlives the header bound (here 200 ms, idle five times that
+/// between two reviews), and is closed only after `idle_timeout` (here 1 s), by when the
+/// client has given it up. (hyper's own header bound closed it after 200 ms.)
+#[tokio::test]
+async fn an_idle_keep_alive_connection_outlives_the_header_bound() {
+    use tokio::io::AsyncReadExt as _;
+    let start = |idle_timeout| {
+        TestServer::start_with(
+            Arc::new(fixture_state()),
+            Options {
+                limits: Limits {
+                    header_read_timeout: Duration::from_millis(200),
+                    idle_timeout,
+                    ..Limits::default()
+                },
+                ..Options::default()
+            },
+        )
+    };
+    let connect = |server: &TestServer| {
+        let cfg = support::https::tls_client_config(&server.ca.cert_pem, Proto::H1, None);
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+        let addr = server.addr;
+        async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            connector
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .unwrap()
+        }
+    };
+
+    let server = start(Limits::default().idle_timeout).await;
+    let mut tls = connect(&server).await;
+    assert_eq!(review_on(&mut tls).await, Ok(200));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        review_on(&mut tls).await,
+        Ok(200),
+        "the second review on a connection idle 1 s, five header bounds"
+    );
+    server.stop().await;
+
+    let idle = Duration::from_secs(1);
+    let server = start(idle).await;
+    let mut tls = connect(&server).await;
+    assert_eq!(review_on(&mut tls).await, Ok(200));
+    let answered = std::time::Instant::now();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(60), tls.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the idle connection was not closed: {read:?}"
+    );
+    assert!(
+        answered.elapsed() >= idle,
+        "closed {:?} after the answer, before the idle bound {idle:?}",
+        answered.elapsed()
+    );
+    server.stop().await;
+}
+
 /// Wait until `n` requests are inside handoff's request path (a slot taken): what a test of
 /// the limits needs, however slow the machine.
 async fn wait_for_in_flight(server: &TestServer, n: i64) {

@@ -15,6 +15,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+use super::keep_alive::{Activity, Next, Watched};
 use super::{App, Health, Limits, health_router};
 
 /// Serve HTTPS on `listener` until `shutdown` resolves, then drain: stop accepting, let
@@ -103,10 +104,12 @@ async fn serve_connection(
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's header bound would close idle keep-alive connections too: `keep_alive` bounds
+    // the two apart.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(None);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -122,16 +125,41 @@ async fn serve_connection(
     // client would only come back here until the endpoint is gone everywhere.
     let early_goaway = h2 && !health.is_draining();
     let drain_started = health.drain_started();
-    let svc = TowerToHyperService::new(close_when_draining(service, health, h2));
-    let conn = builder.serve_connection(TokioIo::new(tls), svc);
+    let activity = (!h2).then(Activity::new);
+    let svc = TowerToHyperService::new(watch_requests(
+        close_when_draining(service, health, h2),
+        activity.clone(),
+    ));
+    let conn = builder.serve_connection(TokioIo::new(Watched::new(tls, activity.clone())), svc);
+    let bounds = async {
+        match &activity {
+            Some(a) => {
+                a.passed(limits.header_read_timeout, limits.idle_timeout)
+                    .await
+            }
+            None => std::future::pending().await,
+        }
+    };
     tokio::pin!(conn);
     tokio::pin!(drain_started);
+    tokio::pin!(bounds);
     // HTTP/2 is told to go at the start of the drain; HTTP/1.1 is told with each answer
     // (`close_when_draining`) and what is left idle is closed with the listener.
     let mut told = false;
     let result = loop {
         tokio::select! {
             r = conn.as_mut() => break r,
+            passed = &mut bounds, if !told => match passed {
+                Next::Drop => {
+                    tracing::debug!(%peer, timeout = ?limits.header_read_timeout, "request headers not read in time; connection dropped");
+                    return;
+                }
+                _ => {
+                    tracing::debug!(%peer, timeout = ?limits.idle_timeout, "idle connection closed");
+                    conn.as_mut().graceful_shutdown();
+                    told = true;
+                }
+            },
             _ = &mut drain_started, if early_goaway && !told => {
                 conn.as_mut().graceful_shutdown();
                 told = true;
@@ -147,6 +175,37 @@ async fn serve_connection(
     }
 }
 
+type Incoming = http::Request<hyper::body::Incoming>;
+
+/// Each request handed to the service and each answer, noted in an HTTP/1.1 connection's
+/// `Activity`.
+fn watch_requests<S>(
+    service: S,
+    activity: Option<Arc<Activity>>,
+) -> tower::util::MapResponse<
+    tower::util::MapRequest<S, impl FnMut(Incoming) -> Incoming + Clone>,
+    impl FnOnce(Response) -> Response + Clone,
+>
+where
+    S: tower::Service<Incoming, Response = Response> + Clone,
+{
+    use tower::ServiceExt as _;
+    let began = activity.clone();
+    service
+        .map_request(move |r| {
+            if let Some(a) = &began {
+                a.request_began();
+            }
+            r
+        })
+        .map_response(move |r| {
+            if let Some(a) = &activity {
+                a.answered();
+            }
+            r
+        })
+}
+
 /// On an HTTP/1.1 connection, every answer given while draining says `Connection: close`, so
 /// the client closes the connection after reading it instead of pooling it.
 fn close_when_draining(
@@ -154,7 +213,6 @@ fn close_when_draining(
     health: Arc<Health>,
     h2: bool,
 ) -> tower::util::MapResponse<Router, impl FnOnce(Response) -> Response + Clone> {
-    type Incoming = http::Request<hyper::body::Incoming>;
     <Router as tower::ServiceExt<Incoming>>::map_response(service, move |mut r: Response| {
         if !h2 && health.is_draining() {
             r.headers_mut()

@@ -2,11 +2,13 @@
 //! routes for health and metrics, and its parts: `serve` (`Server`: what `handoff serve`
 //! starts), `stack` (the request path, one layer each), `admit` (the admission handler),
 //! `refusal` (a request refused undecided, by either of those two), `body` (the deadline and
-//! the body), `listener` (TLS, HTTP/2 or HTTP/1.1, and the drain on SIGTERM), `tls`
+//! the body), `listener` (TLS, HTTP/2 or HTTP/1.1, and the drain on SIGTERM), `keep_alive`
+//! (an HTTP/1.1 connection's header and idle bounds, told apart), `tls`
 //! (certificates and their reload), `metrics`.
 
 mod admit;
 mod body;
+mod keep_alive;
 mod listener;
 pub mod metrics;
 mod refusal;
@@ -48,9 +50,14 @@ pub struct Limits {
     pub queue_timeout: Duration,
     /// A client that connects and never finishes the TLS handshake is dropped after this.
     pub handshake_timeout: Duration,
-    /// An HTTP/1.1 client that never finishes its headers is dropped after this; bodies are
-    /// bounded by the request deadline (`whole_body` in `stack`).
+    /// An HTTP/1.1 client that does not finish a request's headers this long after their
+    /// first byte is dropped; bodies are bounded by the request deadline (`whole_body` in
+    /// `stack`).
     pub header_read_timeout: Duration,
+    /// An idle HTTP/1.1 connection is closed after this: longer than the API server keeps an
+    /// idle connection (90 s), so that the client closes it first and never writes a review
+    /// onto a connection handoff is closing (`keep_alive`).
+    pub idle_timeout: Duration,
     /// HTTP/2 pings an idle connection this often, and drops it when a ping goes unanswered
     /// for `h2_keep_alive_timeout`, so a peer that vanished does not hold a connection.
     pub h2_keep_alive_interval: Duration,
@@ -71,6 +78,7 @@ impl Default for Limits {
             queue_timeout: QUEUE_TIMEOUT.get(),
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
             h2_keep_alive_interval: Duration::from_secs(30),
             h2_keep_alive_timeout: Duration::from_secs(10),
         }

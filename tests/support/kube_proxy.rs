@@ -48,10 +48,24 @@ pub struct ServicePort {
 pub struct ConnectionLog {
     pub pod: String,
     pub opened: std::time::SystemTime,
-    /// (when, what): "server FIN", "client FIN", "server reset", "client reset".
+    /// (when, what): "server FIN", "client FIN", "server reset", "client reset", "server
+    /// gone", "client gone", "connect failed".
     pub ends: Vec<(std::time::SystemTime, &'static str)>,
     /// The protocols the client offered in its TLS ClientHello (ALPN), read off the wire.
     pub alpn_offered: Vec<String>,
+    /// When the client last sent bytes (its last request): how long a connection had been idle
+    /// when the pod closed it. (The pod's own last bytes are its TLS close_notify.)
+    pub last_from_client: Option<std::time::SystemTime>,
+}
+
+impl ConnectionLog {
+    /// Whether the pod closed it first (a FIN or reset from its side before the client's).
+    pub fn closed_by_pod(&self) -> Option<std::time::SystemTime> {
+        self.ends
+            .first()
+            .filter(|(_, what)| what.starts_with("server"))
+            .map(|(t, _)| *t)
+    }
 }
 
 impl ServicePort {
@@ -103,14 +117,19 @@ impl ServicePort {
                         opened: std::time::SystemTime::now(),
                         ends: Vec::new(),
                         alpn_offered: Vec::new(),
+                        last_from_client: None,
                     });
                     l.len() - 1
                 };
                 let (lg, lg2) = (lg.clone(), lg.clone());
                 let note: Note = Arc::new(move |what| {
-                    lg.lock().unwrap()[entry]
-                        .ends
-                        .push((std::time::SystemTime::now(), what));
+                    let mut l = lg.lock().unwrap();
+                    let now = std::time::SystemTime::now();
+                    if what == "client bytes" {
+                        l[entry].last_from_client = Some(now);
+                    } else {
+                        l[entry].ends.push((now, what));
+                    }
                 });
                 let hello: Hello = Arc::new(move |bytes: &[u8]| {
                     lg2.lock().unwrap()[entry].alpn_offered = client_hello_alpn(bytes);
@@ -283,6 +302,9 @@ fn pipe(
                 return;
             }
             Ok(n) => {
+                if side == "client" {
+                    note("client bytes");
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     note(if side == "server" {
                         "client gone"

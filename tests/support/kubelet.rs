@@ -201,6 +201,24 @@ impl Kubelet {
             .collect()
     }
 
+    /// When each pod was first told to stop (deleted, or sent a signal), in wall-clock time
+    /// (to set beside the kube-proxy's connection log).
+    pub fn stopping_since(&self) -> BTreeMap<String, std::time::SystemTime> {
+        let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+        let mut since = BTreeMap::new();
+        for (t, e) in self.inner.events.lock().unwrap().iter() {
+            let pod = e
+                .strip_suffix(" terminating")
+                .or_else(|| e.split_once(" sent signal ").map(|(p, _)| p));
+            if let Some(pod) = pod {
+                since
+                    .entry(pod.to_string())
+                    .or_insert(wall - now.duration_since(*t));
+            }
+        }
+        since
+    }
+
     /// The log of one pod's container (every run of it, appended).
     pub fn pod_log(&self, pod: &str) -> String {
         std::fs::read_to_string(self.inner.dir.join("pods").join(format!("{pod}.log")))
