@@ -1,7 +1,7 @@
-//! The book's Reference pages (`docs/src/reference/{cli,movewindow,metrics,config}.md`),
+//! The book's Reference pages (`docs/src/reference/{cli,movewindow,metrics,config,steps}.md`),
 //! generated from the definitions they describe: the clap command (`src/cli.rs`), the CRD the
-//! code derives (`handoff crd`), the metrics registry as `handoff serve` builds it, and the JSON
-//! Schema of the config file's types. Each test regenerates one page and fails while the file
+//! code derives (`handoff crd`), the metrics registry as `handoff serve` builds it, the JSON
+//! Schema of the config file's types, and the commands' step declarations. Each test regenerates one page and fails while the file
 //! differs; `HANDOFF_BLESS=1 cargo test --bin handoff reference::` rewrites them all.
 //!
 //! Only tests build this (the CLI is in the binary crate, so the generators live here).
@@ -10,6 +10,7 @@ mod cli;
 mod config;
 mod metrics;
 mod movewindow;
+mod steps;
 
 use std::path::Path;
 
@@ -186,6 +187,15 @@ fn cli_md_is_current() {
         "docs/src/reference/cli.md",
         "reference::cli_md_is_current",
         &cli::page(),
+    );
+}
+
+#[test]
+fn steps_md_is_current() {
+    check_page(
+        "docs/src/reference/steps.md",
+        "reference::steps_md_is_current",
+        &steps::page(),
     );
 }
 

@@ -8,6 +8,7 @@
 
 mod close;
 mod common;
+pub mod declare;
 pub mod directory_plan;
 pub mod installed;
 mod lease;

@@ -5,6 +5,7 @@
 //! resumes, aborts and ends is here, tested one row per phase and observation, and the
 //! performing code decides nothing.
 
+use super::declare::steps;
 use super::move_plan::{self, BlockMoveOn, ClusterSeen, Start, StartError, abort_refused};
 use crate::resources::move_window::{MoveRecord, MoveRole};
 use crate::resources::phase::MovePhase;
@@ -77,12 +78,13 @@ pub struct Run {
     pub uninstalled: bool,
 }
 
+steps! {
 /// One step of a move or of its `--abort`; each is performed by one function of the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub enum Step names StepName {
     /// Say how this run begins; nothing is written.
     Begin(Start),
-    /// Stop, writing nothing more: `cluster` and why.
+    /// Stop, writing nothing more, and say which cluster refused and why.
     Refuse { cluster: MoveRole, message: String },
     /// Both clusters' stops checked (the preflight) and clusterctl's version; nothing written.
     Check,
@@ -100,9 +102,12 @@ pub enum Step {
     Hold,
     /// clusterctl, with the source stopped (and both proven) once it paused them.
     RunClusterctl,
-    /// handoff's block-move off every source Cluster. `warn`: a failure is said, not fatal
-    /// (the move's way out, which must go on to record what happened).
-    Lift { warn: bool },
+    /// handoff's block-move off every source Cluster.
+    Lift {
+        /// A failure is said, not fatal: the move's way out, which must go on to record what
+        /// happened.
+        warn: bool,
+    },
     /// Record why clusterctl's part failed, and end with it.
     Fail,
     /// Unpause these target Clusters, as clusterctl's last step would have.
@@ -112,8 +117,10 @@ pub enum Step {
     UnpauseSource(Vec<String>),
     /// Record that clusterctl moved everything (`Restoring`).
     Copied,
-    /// One cluster's controllers back.
-    Restore(MoveRole),
+    /// The target's controllers back.
+    RestoreTarget,
+    /// The source's controllers back.
+    RestoreSource,
     /// Record the move done and report it.
     Finish,
     /// Record that an `--abort` is under way.
@@ -127,32 +134,14 @@ pub enum Step {
     /// Nothing left to do.
     Done,
 }
+}
 
 impl Step {
-    /// Its name, as progress events give it (`-o json`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Step::Begin(_) => "Begin",
-            Step::Refuse { .. } => "Refuse",
-            Step::Check => "Check",
-            Step::PutSourceBack => "PutSourceBack",
-            Step::KeepSourceStopped => "KeepSourceStopped",
-            Step::StopTarget { .. } => "StopTarget",
-            Step::ProveTarget => "ProveTarget",
-            Step::Hold => "Hold",
-            Step::RunClusterctl => "RunClusterctl",
-            Step::Lift { .. } => "Lift",
-            Step::Fail => "Fail",
-            Step::UnpauseTarget(_) => "UnpauseTarget",
-            Step::UnpauseSource(_) => "UnpauseSource",
-            Step::Copied => "Copied",
-            Step::Restore(MoveRole::Target) => "RestoreTarget",
-            Step::Restore(MoveRole::Source) => "RestoreSource",
-            Step::Finish => "Finish",
-            Step::BeginAbort => "BeginAbort",
-            Step::Aborted => "Aborted",
-            Step::Uninstall => "Uninstall",
-            Step::Done => "Done",
+    /// The step that brings `role`'s controllers back.
+    pub fn restore(role: MoveRole) -> Step {
+        match role {
+            MoveRole::Target => Step::RestoreTarget,
+            MoveRole::Source => Step::RestoreSource,
         }
     }
 
@@ -181,7 +170,8 @@ impl Run {
             Step::UnpauseTarget(_) => self.target_unpaused = true,
             Step::UnpauseSource(_) => self.source_unpaused = true,
             Step::Copied => self.copied = true,
-            Step::Restore(role) => self.restored.push(*role),
+            Step::RestoreTarget => self.restored.push(MoveRole::Target),
+            Step::RestoreSource => self.restored.push(MoveRole::Source),
             Step::BeginAbort => self.aborting = true,
             Step::Finish | Step::Aborted => self.finished = true,
             Step::Uninstall => self.uninstalled = true,
@@ -355,7 +345,7 @@ fn unpause_source(
 /// done.
 fn bring_back(order: [MoveRole; 2], last: Step, run: &Run) -> Step {
     match order.into_iter().find(|role| !run.restored.contains(role)) {
-        Some(role) => Step::Restore(role),
+        Some(role) => Step::restore(role),
         None if !run.finished => last,
         None if !run.uninstalled => Step::Uninstall,
         None => Step::Done,

@@ -15,6 +15,8 @@ use std::io::Write;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
+use super::declare::{Of, StepName};
+
 /// How events are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Format {
@@ -91,9 +93,9 @@ impl Progress {
         self.line(Level::Detail, &text.to_string());
     }
 
-    /// A driver performs `step` (its name as its planner spells it) of `of`: `move`,
-    /// `window open` or `window close` (a move runs the window drivers inside its steps).
-    pub fn step(&mut self, of: &str, step: &str) {
+    /// A driver performs `step` of `of` (a move runs the window drivers inside its steps).
+    pub fn step(&mut self, of: Of, step: impl StepName) {
+        let (of, step) = (of.as_str(), step.as_str());
         if self.format == Format::Json {
             self.json(
                 json!({"event": "step", "of": of, "step": step, "at": Timestamp::now().to_string()}),
@@ -154,7 +156,7 @@ mod tests {
     fn run(format: Format, verbose: bool) -> String {
         let out = Said::default();
         let mut p = Progress::new(Box::new(out.clone()), format, verbose);
-        p.step("move", "StopTarget");
+        p.step(Of::Move, crate::window::move_next::StepName::StopTarget);
         p.say("handoff move: stopping the target's controllers");
         p.detail("target: took Lease capi-system/x");
         p.warn("a read failed; trying again");

@@ -10,16 +10,17 @@ use std::task::{Context, Poll};
 use http::{HeaderValue, Request, header::USER_AGENT};
 use tower::{Layer, Service};
 
+use super::declare::{Of, StepName};
+
 /// The step performed now, shared by the driver (which sets it) and the clients' layer
 /// (which says it).
 #[derive(Clone, Debug, Default)]
 pub struct StepLabel(Arc<Mutex<Option<(&'static str, &'static str)>>>);
 
 impl StepLabel {
-    /// `of` performs `step` from now on: `move`, `backup` or `restore`, and the step's name as
-    /// its planner and its progress events spell it.
-    pub fn set(&self, of: &'static str, step: &'static str) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((of, step));
+    /// `of` performs `step` from now on.
+    pub fn set(&self, of: Of, step: impl StepName) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((of.as_str(), step.as_str()));
     }
 
     /// The User-Agent of a request sent now.
@@ -98,9 +99,12 @@ mod tests {
         let mut send = || runtime.block_on(svc.call(Request::new(()))).unwrap();
         let version = env!("CARGO_PKG_VERSION");
         assert_eq!(send(), format!("handoff/{version}"));
-        label.set("move", "StopTarget");
+        label.set(Of::Move, crate::window::move_next::StepName::StopTarget);
         assert_eq!(send(), format!("handoff/{version} (move step StopTarget)"));
-        label.set("backup", "WaitUnblocked");
+        label.set(
+            Of::Backup,
+            crate::window::directory_plan::DirectoryStep::WaitUnblocked,
+        );
         assert_eq!(
             send(),
             format!("handoff/{version} (backup step WaitUnblocked)")

@@ -2,9 +2,10 @@
 //! `move_next`: from each cluster's window as read when the run began and what this run has
 //! done, the single thing to do next. The drivers (`open`, `close`) perform it and come back.
 //! `handoff move` runs the same drivers inside its own steps (`StopTarget` takes the target,
-//! `RunClusterctl` the source once clusterctl paused it, `Restore` closes a cluster), so a window opened by a move and one opened by hand go through the same
-//! steps.
+//! `RunClusterctl` the source once clusterctl paused it, `RestoreTarget` and `RestoreSource`
+//! close them), so a window opened by a move and one opened by hand go through the same steps.
 
+use super::declare::steps;
 use crate::resources::move_window::MoveWindow;
 use crate::resources::phase::{UnknownPhase, WindowPhase};
 
@@ -29,18 +30,22 @@ impl Seen {
     }
 }
 
+steps! {
 /// One step of `window open`; `usize` is the cluster's place in the order given.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OpenStep {
-    /// Stop, writing nothing: the cluster and why.
+pub enum OpenStep names OpenStepName {
+    /// Stop, writing nothing, and say which cluster refused and why.
     Refuse { cluster: usize, message: String },
     /// Choose how each selected Deployment is stopped, the preflight, and who takes the
     /// Leases, on every cluster; nothing written.
     Check,
     /// The window created or re-opened and set Open, what is Lease-stopped recorded, the pin's
-    /// policies bound. `fresh`: a new opening, so what an earlier one recorded of its pods no
-    /// longer holds.
-    Record { cluster: usize, fresh: bool },
+    /// policies bound.
+    Record {
+        cluster: usize,
+        /// A new opening, so what an earlier one recorded of its pods no longer holds.
+        fresh: bool,
+    },
     /// Pin the Scale-stopped Deployments, add the standbys, take the Leases.
     Stop(usize),
     /// Every cluster at once: wait until the former leaders cannot lead, check the Leases are
@@ -49,17 +54,23 @@ pub enum OpenStep {
     /// Nothing left to do.
     Done,
 }
+}
 
+steps! {
 /// One step of `window close`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CloseStep {
-    /// Stop, writing nothing: the cluster (none: all of them) and why.
+pub enum CloseStep names CloseStepName {
+    /// Stop, writing nothing, and say which cluster refused (or that all did) and why.
     Refuse {
         cluster: Option<usize>,
         message: String,
     },
-    /// The window set Closed and unbound; `closed_before`: its phase stays Closed.
-    MarkClosed { cluster: usize, closed_before: bool },
+    /// The window set Closed and unbound.
+    MarkClosed {
+        cluster: usize,
+        /// Its phase was Closed already, and stays so.
+        closed_before: bool,
+    },
     /// Every Scale-stopped Deployment back to its count.
     RestoreScaled(usize),
     /// Every held Lease released, each controller leading again.
@@ -71,34 +82,6 @@ pub enum CloseStep {
     /// Nothing left to do.
     Done,
 }
-
-impl OpenStep {
-    /// Its name, as progress events give it (`-o json`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            OpenStep::Refuse { .. } => "Refuse",
-            OpenStep::Check => "Check",
-            OpenStep::Record { .. } => "Record",
-            OpenStep::Stop(_) => "Stop",
-            OpenStep::Prove => "Prove",
-            OpenStep::Done => "Done",
-        }
-    }
-}
-
-impl CloseStep {
-    /// Its name, as progress events give it (`-o json`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            CloseStep::Refuse { .. } => "Refuse",
-            CloseStep::MarkClosed { .. } => "MarkClosed",
-            CloseStep::RestoreScaled(_) => "RestoreScaled",
-            CloseStep::ReleaseLeases(_) => "ReleaseLeases",
-            CloseStep::RecordClosed(_) => "RecordClosed",
-            CloseStep::ReleaseOrphans(_) => "ReleaseOrphans",
-            CloseStep::Done => "Done",
-        }
-    }
 }
 
 /// What a `close` has done.

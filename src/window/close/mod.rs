@@ -13,6 +13,7 @@ use super::common::now;
 use super::common::{
     Cluster, Result, WindowError, api_err, labels, read_windows, record, set_state,
 };
+use super::declare::Of;
 use super::lease;
 use super::window_next::{CloseRun, CloseStep, Seen, next_close};
 use crate::resources::move_window::{MoveWindow, MoveWindowStatus, Strategy, WindowState};
@@ -85,7 +86,7 @@ pub async fn close(
     let mut run = CloseRun::default();
     loop {
         let step = next_close(&opts.name, &seen, &run);
-        out.step("window close", step.name());
+        out.step(Of::WindowClose, step.name());
         match &step {
             CloseStep::Refuse { cluster, message } => {
                 return Err(WindowError::Refused {

@@ -91,8 +91,8 @@ fn moved(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> Vec<Ste
 fn restore_then_finish() -> Vec<Step> {
     vec![
         Step::Copied,
-        Step::Restore(Target),
-        Step::Restore(Source),
+        Step::RestoreTarget,
+        Step::RestoreSource,
         Step::Finish,
         Step::Uninstall,
         Step::Done,
@@ -296,8 +296,8 @@ fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
         }
         v.extend([
             Step::Lift { warn: false },
-            Step::Restore(Source),
-            Step::Restore(Target),
+            Step::RestoreSource,
+            Step::RestoreTarget,
             Step::Aborted,
             Step::Uninstall,
             Step::Done,
@@ -492,7 +492,7 @@ fn what_clusterctl_paused_and_left_in_the_source_is_unpaused_before_the_restore(
     };
     assert_eq!(
         next(&asked(false), Some(&r), &after, &done),
-        Step::Restore(Target)
+        Step::RestoreTarget
     );
     // An --abort unpauses the other namespaces' classes only: the namespace's own stay
     // paused with its Clusters, for the user to decide (copies may be in the target).
@@ -677,8 +677,8 @@ fn every_row_of_the_books_table_is_a_row_here() {
         assert_eq!(steps[0], Step::Begin(start.clone()), "{phase:?} {seen:?}");
         assert_eq!(steps.last(), Some(&Step::Done), "{phase:?}: {steps:?}");
         // Every re-run that gets that far restores the target's controllers first.
-        let t = steps.iter().position(|s| *s == Step::Restore(Target));
-        let s = steps.iter().position(|s| *s == Step::Restore(Source));
+        let t = steps.iter().position(|s| *s == Step::RestoreTarget);
+        let s = steps.iter().position(|s| *s == Step::RestoreSource);
         assert!(
             t < s || (t.is_none() && s.is_none()),
             "{phase:?}: {steps:?}"

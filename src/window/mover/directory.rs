@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::super::close::{CloseOptions, close, say_removed};
 use super::super::common::{Cluster, Result, WindowError, now, read_window, record};
-use super::super::directory_plan::{self, Direction, DirectoryFlags, Then};
+use super::super::directory_plan::{self, Direction, DirectoryFlags, DirectoryStep, Then};
 use super::super::open::{OpenOptions, check, open, window_at_least_closed};
 use super::super::progress::{Format, Progress};
 use super::super::user_agent::StepLabel;
@@ -43,18 +43,12 @@ impl DirectoryOptions {
         }
     }
 
-    fn what(&self) -> &'static str {
-        match self.flags.direction {
-            Direction::Backup { .. } => "backup",
-            Direction::Restore => "restore",
-        }
-    }
-
     /// Say that the run performs `step` (an event under `-o json`, a line under `-v`, and the
     /// User-Agent of its requests from now on).
-    fn step(&self, out: &mut Progress, step: &'static str) {
-        self.step_label.set(self.what(), step);
-        out.step(self.what(), step);
+    fn step(&self, out: &mut Progress, step: DirectoryStep) {
+        let of = self.flags.direction.of();
+        self.step_label.set(of, step);
+        out.step(of, step);
     }
 }
 
@@ -62,7 +56,7 @@ impl DirectoryOptions {
 /// (a backup) or resumed (a restore) by the same command.
 pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<()> {
     let started = Instant::now();
-    let what = o.what();
+    let what = o.flags.direction.of().as_str();
     let window = read_window(c, &o.window).await?;
     let is_open = window.as_ref().is_some_and(|w| w.spec.is_open());
     let rec = window
@@ -105,7 +99,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
         ));
     }
     if !start.unpause.is_empty() || start.close {
-        o.step(out, "PutBack");
+        o.step(out, DirectoryStep::PutBack);
     }
     for key in &start.unpause {
         set_paused(c, key, false).await?;
@@ -120,7 +114,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
     }
     match start.then {
         Then::Refuse(message) => {
-            o.step(out, "Refuse");
+            o.step(out, DirectoryStep::Refuse);
             uninstall(c, o, out).await?;
             return Err(WindowError::Refused {
                 cluster: c.label.clone(),
@@ -128,7 +122,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
             });
         }
         Then::Aborted => {
-            o.step(out, "Aborted");
+            o.step(out, DirectoryStep::Aborted);
             if rec.is_some() {
                 set_phase(c, &o.window, MovePhase::Aborted).await?;
             }
@@ -149,7 +143,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
             };
         }
     }
-    o.step(out, "Done");
+    o.step(out, DirectoryStep::Done);
     out.say(format!(
         "handoff move: {what} done in {:.1}s ({})",
         started.elapsed().as_secs_f64(),
@@ -177,7 +171,7 @@ async fn note(c: &Cluster, window: &str, f: impl Fn(&mut MoveRecord)) -> Result<
 /// What the window brought, removed once the run has recorded how it ended (`close` itself is
 /// asked to leave it: removing the CRD deletes the window and its record with it).
 async fn uninstall(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<()> {
-    o.step(out, "Uninstall");
+    o.step(out, DirectoryStep::Uninstall);
     say_removed(c, &o.window, out).await
 }
 
@@ -191,14 +185,14 @@ async fn backup(
     clusters: &[super::super::move_plan::ClusterSeen],
     out: &mut Progress,
 ) -> Result<()> {
-    o.step(out, "Check");
+    o.step(out, DirectoryStep::Check);
     check(std::slice::from_ref(c), &o.open, out).await?;
     let quiet = OpenOptions {
         quiet_preflight: true,
         ..o.open.clone()
     };
     // The window and its record before the first pause: a run that dies after it is put back.
-    o.step(out, "Record");
+    o.step(out, DirectoryStep::Record);
     let read = read_window(c, &o.window).await?;
     window_at_least_closed(c, &quiet, read).await?;
     let keys: Vec<String> = clusters.iter().map(|k| k.key.clone()).collect();
@@ -216,7 +210,7 @@ async fn backup(
     .await?;
     let ran = stop_and_back_up(c, o, &quiet, ns, &keys, out).await;
     // clusterctl unpauses at its end; a run that stopped before may have left them paused.
-    o.step(out, "PutBack");
+    o.step(out, DirectoryStep::PutBack);
     let now_seen = clusters_in(c, ns).await?;
     for key in super::super::move_plan::to_unpause(&[], &keys, &now_seen) {
         set_paused(c, &key, false).await?;
@@ -239,7 +233,7 @@ async fn backup(
             uninstall(c, o, out).await
         }
         Err(e) => {
-            o.step(out, "Fail");
+            o.step(out, DirectoryStep::Fail);
             note(c, &o.window, |m| {
                 m.phase = MovePhase::Failed;
                 m.clusterctl_exit = clusterctl_exit(&e);
@@ -261,7 +255,7 @@ async fn stop_and_back_up(
     keys: &[String],
     out: &mut Progress,
 ) -> Result<()> {
-    o.step(out, "Pause");
+    o.step(out, DirectoryStep::Pause);
     for key in keys {
         set_paused(c, key, true).await?;
     }
@@ -272,16 +266,16 @@ async fn stop_and_back_up(
             keys.join(", ")
         ));
     }
-    o.step(out, "WaitUnblocked");
+    o.step(out, DirectoryStep::WaitUnblocked);
     wait_unblocked(c, o, ns, out).await?;
-    o.step(out, "Stop");
+    o.step(out, DirectoryStep::Stop);
     open(std::slice::from_ref(c), quiet, out).await?;
     note(c, &o.window, |m| {
         m.phase = MovePhase::Copying;
         m.source_stopped_at.get_or_insert_with(now);
     })
     .await?;
-    o.step(out, "Unpause");
+    o.step(out, DirectoryStep::Unpause);
     for key in keys {
         set_paused(c, key, false).await?;
     }
@@ -345,13 +339,13 @@ async fn restore(
     out: &mut Progress,
 ) -> Result<()> {
     if !stopped_already {
-        o.step(out, "Check");
+        o.step(out, DirectoryStep::Check);
         check(std::slice::from_ref(c), &o.open, out).await?;
         let quiet = OpenOptions {
             quiet_preflight: true,
             ..o.open.clone()
         };
-        o.step(out, "Record");
+        o.step(out, DirectoryStep::Record);
         let read = read_window(c, &o.window).await?;
         window_at_least_closed(c, &quiet, read).await?;
         record(c, &o.window, |s| {
@@ -365,7 +359,7 @@ async fn restore(
             });
         })
         .await?;
-        o.step(out, "Stop");
+        o.step(out, DirectoryStep::Stop);
         open(std::slice::from_ref(c), &quiet, out).await?;
     }
     note(c, &o.window, |m| {
@@ -375,7 +369,7 @@ async fn restore(
     })
     .await?;
     if let Err(e) = clusterctl(c, o, out).await {
-        o.step(out, "Fail");
+        o.step(out, DirectoryStep::Fail);
         note(c, &o.window, |m| {
             m.phase = MovePhase::Failed;
             m.clusterctl_exit = clusterctl_exit(&e);
@@ -388,7 +382,7 @@ async fn restore(
         ));
         return Err(e);
     }
-    o.step(out, "Restore");
+    o.step(out, DirectoryStep::Restore);
     note(c, &o.window, |m| m.phase = MovePhase::Restoring).await?;
     close(std::slice::from_ref(c), &o.closing(), out).await?;
     note(c, &o.window, |m| {
@@ -409,7 +403,7 @@ fn clusterctl_exit(e: &WindowError) -> Option<i32> {
 
 /// clusterctl, with the controllers stopped; its output as a move's.
 async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<()> {
-    o.step(out, "RunClusterctl");
+    o.step(out, DirectoryStep::RunClusterctl);
     let args = directory_plan::clusterctl_args(&o.flags);
     out.say(format!(
         "handoff move: running {} {}",

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use super::close::{CloseOptions, Restored};
 use super::common::{Cluster, Result, WindowError, read_window, record};
+use super::declare::Of;
 use super::move_next::{self, Asked, Observed, Outcome, Run, Step};
 use super::move_plan::{self, ClusterctlFlags};
 use super::open::{OpenOptions, Taken};
@@ -237,8 +238,8 @@ pub async fn run(
         m.ns = move_next::namespace(&asked, recorded.as_ref());
         let seen = m.observe(&asked, recorded.as_ref(), &run).await?;
         let step = move_next::next(&asked, recorded.as_ref(), &seen, &run);
-        m.out.step("move", step.name());
-        opts.step_label.set("move", step.name());
+        m.out.step(Of::Move, step.name());
+        opts.step_label.set(Of::Move, step.name());
         match m.perform(&step, recorded.as_ref(), &seen, &run).await {
             Ok(Some(outcome)) => run.clusterctl = Some(outcome),
             Ok(None) if step == Step::Done => return Ok(()),

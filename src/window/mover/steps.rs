@@ -52,15 +52,8 @@ impl Mover<'_> {
                 unpause_saying(self.source, &[], keys, why, self.out).await
             }
             Step::Copied => self.copied().await,
-            Step::Restore(role) => {
-                let c = self.cluster(*role).clone();
-                let (target, opts) = (self.target, self.opts);
-                // A finished move does not wait for the source's candidates: the target
-                // leads already, and nothing of the move waits on them. An `--abort` waits
-                // for every cluster (the source owns the namespace again).
-                let lead = *role != MoveRole::Source || run.aborting;
-                restore_one(&c, target, opts, lead, &mut self.restored, self.out).await
-            }
+            Step::RestoreTarget => self.restore(MoveRole::Target, run.aborting).await,
+            Step::RestoreSource => self.restore(MoveRole::Source, run.aborting).await,
             Step::Finish => {
                 report_done(
                     self.target,
@@ -101,6 +94,16 @@ impl Mover<'_> {
                 ),
             )
         })
+    }
+
+    /// One cluster's controllers back. A finished move does not wait for the source's
+    /// candidates: the target leads already, and nothing of the move waits on them. An
+    /// `--abort` waits for every cluster (the source owns the namespace again).
+    async fn restore(&mut self, role: MoveRole, aborting: bool) -> Result<()> {
+        let c = self.cluster(role).clone();
+        let (target, opts) = (self.target, self.opts);
+        let lead = role != MoveRole::Source || aborting;
+        restore_one(&c, target, opts, lead, &mut self.restored, self.out).await
     }
 
     fn begin_run(&mut self, start: &Start, r: Option<&MoveRecord>) -> Result<()> {

@@ -5,6 +5,7 @@
 use tokio::time::Instant;
 
 use super::super::common::{Cluster, Result, WindowError, read_windows, record};
+use super::super::declare::Of;
 use super::super::lease;
 use super::super::plan;
 use super::super::window_next::{OpenStep, Seen, next_open};
@@ -71,7 +72,7 @@ async fn drive(
     let mut performed = Vec::new();
     loop {
         let step = next_open(proves, &opts.name, &seen, &performed);
-        out.step("window open", step.name());
+        out.step(Of::WindowOpen, step.name());
         match &step {
             OpenStep::Refuse { cluster, message } => {
                 return Err(WindowError::Refused {
