@@ -858,7 +858,7 @@ fn aborted_as_it_must(from: &Mgmt, to: &Mgmt, aborted: &Run, deletes_begun: bool
 /// ledger does not say passed); else `HANDOFF_CRASH_CASES` of each group (1), the next ones in
 /// turn for each commit and each day (`HANDOFF_CRASH_SEED`, by default the clone's number of
 /// commits plus the day's number).
-fn choose(groups: &[(String, Vec<usize>)], n: usize, half: usize) -> Vec<usize> {
+fn choose(groups: &[(String, Vec<usize>)], n: usize, half: usize, table_fp: &str) -> Vec<usize> {
     if let Ok(only) = std::env::var("HANDOFF_CRASH_ONLY") {
         let only = cases::only_cases(&only, n).unwrap_or_else(|e| panic!("{e}"));
         return cases::half(only, half);
@@ -873,7 +873,20 @@ fn choose(groups: &[(String, Vec<usize>)], n: usize, half: usize) -> Vec<usize> 
             let path = ledger().expect(
                 "HANDOFF_CRASH_CASES=all needs HANDOFF_CRASH_LEDGER=FILE: the whole table takes hours, resumes from the cases it says passed, and is checked against the book's table once it holds them all",
             );
-            let (done, _) = cases::passed(&std::fs::read_to_string(path).unwrap_or_default());
+            let ledger = std::fs::read_to_string(&path).unwrap_or_default();
+            let named = cases::ledger_is_for(&ledger, table_fp)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if !named {
+                use std::io::Write as _;
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                f.write_all(cases::ledger_table_line(table_fp).as_bytes())
+                    .expect("the ledger's table line");
+            }
+            let (done, _) = cases::passed(&ledger);
             let chosen: Vec<usize> = (0..n)
                 .filter(|c| c % of == i && !done.contains(c))
                 .collect();
@@ -1060,7 +1073,8 @@ fn crash_suite(test_name: &str, half: usize) {
     };
     let mut phases_seen = BTreeSet::new();
     let mut steps_killed = BTreeSet::new();
-    for c in choose(&groups, table.len(), half) {
+    let table_fp = cases::fingerprint(&point_groups, table.len());
+    for c in choose(&groups, table.len(), half, &table_fp) {
         let group = &groups.iter().find(|(_, cs)| cs.contains(&c)).unwrap().0;
         let t = Instant::now();
         let what = format!(

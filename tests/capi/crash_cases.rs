@@ -196,6 +196,44 @@ pub fn passed(ledger: &str) -> (BTreeSet<usize>, BTreeSet<String>) {
     (cases, phases)
 }
 
+/// The table a ledger belongs to: each crash point's group in the reference move's order, and
+/// the number of cases (FNV-1a, the same on every toolchain). A change of the move's steps
+/// moves the points, and a case's number then means another case.
+pub fn fingerprint(point_groups: &[String], cases: usize) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in point_groups
+        .join("\n")
+        .bytes()
+        .chain(cases.to_string().bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The ledger's line naming its table.
+pub fn ledger_table_line(fingerprint: &str) -> String {
+    format!("table {fingerprint}\n")
+}
+
+/// Whether `ledger` is for the table `fingerprint`: `Ok(true)` where it says so, `Ok(false)`
+/// where it names none (empty, or written before ledgers named their table: taken as this
+/// one's), an error where it names another.
+pub fn ledger_is_for(ledger: &str, fingerprint: &str) -> Result<bool, String> {
+    let mut named = false;
+    for t in ledger.lines().filter_map(|l| l.strip_prefix("table ")) {
+        if t.trim() != fingerprint {
+            return Err(format!(
+                "the ledger is for another table ({}; this one is {fingerprint}): the move's steps or its crash points changed since, so its case numbers mean other cases now. Start a new ledger.",
+                t.trim()
+            ));
+        }
+        named = true;
+    }
+    Ok(named)
+}
+
 /// The line the ledger gets for a case that passed.
 pub fn ledger_line(c: usize, secs: f64, phases: &[String], outcome: &str) -> String {
     format!(
@@ -323,4 +361,29 @@ fn the_two_halves_take_every_case_once() {
     let chosen = vec![3, 8, 9, 20, 31];
     assert_eq!(half(chosen.clone(), 0), [3, 9, 31]);
     assert_eq!(half(chosen, 1), [8, 20]);
+}
+
+#[test]
+fn a_ledger_for_another_table_is_refused() {
+    let groups = |g: &[&str]| g.iter().map(|g| g.to_string()).collect::<Vec<_>>();
+    let fp = fingerprint(&groups(&["StopTarget", "Hold", "RunClusterctl"]), 20);
+    assert_eq!(
+        fp,
+        fingerprint(&groups(&["StopTarget", "Hold", "RunClusterctl"]), 20)
+    );
+    for other in [
+        fingerprint(&groups(&["StopTarget", "Hold", "StopSource"]), 20),
+        fingerprint(&groups(&["StopTarget", "Hold", "RunClusterctl"]), 24),
+    ] {
+        assert_ne!(fp, other);
+        let ledger = ledger_table_line(&other) + "case 4 passed in 90.0s [phases: none]: x\n";
+        assert!(ledger_is_for(&ledger, &fp).is_err());
+    }
+    assert_eq!(ledger_is_for("", &fp), Ok(false));
+    assert_eq!(
+        ledger_is_for("case 4 passed in 90.0s [phases: none]: x\n", &fp),
+        Ok(false)
+    );
+    let ours = ledger_table_line(&fp) + &ledger_table_line(&fp);
+    assert_eq!(ledger_is_for(&ours, &fp), Ok(true));
 }
