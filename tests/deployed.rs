@@ -237,8 +237,8 @@ fn exercise(rollouts: usize, per_second: u32) -> Report {
 struct PodCloses {
     total: usize,
     by_client: usize,
-    /// Closed first by a pod told to stop (its drain, or the kill -9): how long after the
-    /// client's last request.
+    /// Closed first by a pod while it was stopping (its drain, or the kill -9 until its
+    /// restart): how long after the client's last request.
     by_stopping_pods: Vec<f64>,
     /// Closed first by a pod that was not stopping: none may be.
     by_running_pods: Vec<String>,
@@ -266,7 +266,7 @@ impl PodCloses {
 }
 
 fn pod_closes(k: &support::kubelet::Kubelet) -> PodCloses {
-    let stopping = k.stopping_since();
+    let stopping = k.stopping();
     let mut closes = PodCloses {
         total: 0,
         by_client: 0,
@@ -285,15 +285,19 @@ fn pod_closes(k: &support::kubelet::Kubelet) -> PodCloses {
                 .and_then(|b| at.duration_since(b).ok())
                 .unwrap_or_default()
                 .as_secs_f64();
-            match stopping.get(&c.pod) {
-                Some(since) if at >= *since => closes.by_stopping_pods.push(idle),
-                _ => closes.by_running_pods.push(format!(
+            let was_stopping = stopping
+                .get(&c.pod)
+                .is_some_and(|w| w.iter().any(|w| w.contains(&at)));
+            if was_stopping {
+                closes.by_stopping_pods.push(idle);
+            } else {
+                closes.by_running_pods.push(format!(
                     "{name} -> {}: opened {}, {:?} at {} {idle:.1} s after the client's last request",
                     c.pod,
                     wall(c.opened),
                     c.ends[0].1,
                     wall(at)
-                )),
+                ));
             }
         }
     }

@@ -50,7 +50,7 @@ pub fn page() -> String {
     page
 }
 
-/// The code spans of the book's sentence that begins with `from`, up to the next full stop.
+/// The code spans of the book's list that begins with `from`, up to its ": a new move".
 fn names_in(page: &str, from: &str) -> std::collections::BTreeSet<String> {
     let joined = page.split_whitespace().collect::<Vec<_>>().join(" ");
     let start = joined

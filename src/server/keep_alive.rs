@@ -85,44 +85,38 @@ impl Activity {
         })
     }
 
-    fn update(&self, f: impl FnOnce(&mut Snapshot)) {
-        f(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()));
-        self.changed.notify_one();
+    fn state(&self) -> std::sync::MutexGuard<'_, Snapshot> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn snapshot(&self) -> Snapshot {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner())
+        *self.state()
     }
 
-    /// Bytes came in: between requests, a request has begun.
+    /// Bytes came in: between requests, a request has begun. The one change that brings a
+    /// bound nearer, so the one that wakes `passed` (the others only move it later, which
+    /// `passed` sees when it wakes).
     fn read_some(&self) {
-        let begins = {
-            let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            s.in_flight == 0 && s.head_since.is_none()
-        };
-        if begins {
-            self.update(|s| {
-                if s.in_flight == 0 && s.head_since.is_none() {
-                    s.head_since = Some(Instant::now());
-                }
-            });
+        let mut s = self.state();
+        if s.in_flight == 0 && s.head_since.is_none() {
+            s.head_since = Some(Instant::now());
+            drop(s);
+            self.changed.notify_one();
         }
     }
 
     /// hyper parsed a request's headers and handed it to the service.
     pub fn request_began(&self) {
-        self.update(|s| {
-            s.in_flight += 1;
-            s.head_since = None;
-        });
+        let mut s = self.state();
+        s.in_flight += 1;
+        s.head_since = None;
     }
 
     /// The service answered a request.
     pub fn answered(&self) {
-        self.update(|s| {
-            s.in_flight = s.in_flight.saturating_sub(1);
-            s.idle_since = Instant::now();
-        });
+        let mut s = self.state();
+        s.in_flight = s.in_flight.saturating_sub(1);
+        s.idle_since = Instant::now();
     }
 
     /// Resolves with the bound that passed: `Next::Drop` or `Next::CloseIdle`.

@@ -123,18 +123,19 @@ impl ServicePort {
                 };
                 let (lg, lg2) = (lg.clone(), lg.clone());
                 let note: Note = Arc::new(move |what| {
-                    let mut l = lg.lock().unwrap();
-                    let now = std::time::SystemTime::now();
-                    if what == "client bytes" {
-                        l[entry].last_from_client = Some(now);
-                    } else {
-                        l[entry].ends.push((now, what));
+                    lg.lock().unwrap()[entry]
+                        .ends
+                        .push((std::time::SystemTime::now(), what));
+                });
+                // Each chunk the client sends; the first is its ClientHello.
+                let sent: Sent = Arc::new(move |bytes: &[u8]| {
+                    let c = &mut lg2.lock().unwrap()[entry];
+                    if c.last_from_client.is_none() {
+                        c.alpn_offered = client_hello_alpn(bytes);
                     }
+                    c.last_from_client = Some(std::time::SystemTime::now());
                 });
-                let hello: Hello = Arc::new(move |bytes: &[u8]| {
-                    lg2.lock().unwrap()[entry].alpn_offered = client_hello_alpn(bytes);
-                });
-                std::thread::spawn(move || forward(client, ep.addr, note, hello));
+                std::thread::spawn(move || forward(client, ep.addr, note, sent));
             }
         });
         ServicePort {
@@ -151,7 +152,7 @@ impl ServicePort {
 }
 
 type Note = Arc<dyn Fn(&'static str) + Send + Sync>;
-type Hello = Arc<dyn Fn(&[u8]) + Send + Sync>;
+type Sent = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// The ALPN protocol names in a TLS ClientHello record (empty if it is not one, or has none).
 pub fn client_hello_alpn(b: &[u8]) -> Vec<String> {
@@ -253,7 +254,7 @@ fn reset(s: &TcpStream) {
     let _ = s.shutdown(Shutdown::Both);
 }
 
-fn forward(client: TcpStream, to: SocketAddr, note: Note, hello: Hello) {
+fn forward(client: TcpStream, to: SocketAddr, note: Note, sent: Sent) {
     let server = match TcpStream::connect_timeout(&to, Duration::from_secs(3)) {
         Ok(s) => s,
         Err(_) => {
@@ -271,25 +272,25 @@ fn forward(client: TcpStream, to: SocketAddr, note: Note, hello: Hello) {
         _ => return,
     };
     let n2 = note.clone();
-    let up = std::thread::spawn(move || pipe(c2, s2, "client", n2, Some(hello)));
+    let up = std::thread::spawn(move || pipe(c2, s2, "client", n2, Some(sent)));
     pipe(server, client, "server", note, None);
     let _ = up.join();
 }
 
-/// Copy `from` → `to` until EOF (then half-close `to`) or an error (then reset both); the
-/// first chunk goes to `hello` too.
+/// Copy `from` → `to` until EOF (then half-close `to`) or an error (then reset both); each
+/// chunk goes to `sent` too.
 fn pipe(
     mut from: TcpStream,
     mut to: TcpStream,
     side: &'static str,
     note: Note,
-    mut hello: Option<Hello>,
+    sent: Option<Sent>,
 ) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         let read = from.read(&mut buf);
-        if let (Some(h), Ok(n)) = (hello.take(), &read) {
-            h(&buf[..*n]);
+        if let (Some(sent), Ok(n @ 1..)) = (&sent, &read) {
+            sent(&buf[..*n]);
         }
         match read {
             Ok(0) => {
@@ -302,9 +303,6 @@ fn pipe(
                 return;
             }
             Ok(n) => {
-                if side == "client" {
-                    note("client bytes");
-                }
                 if to.write_all(&buf[..n]).is_err() {
                     note(if side == "server" {
                         "client gone"

@@ -201,22 +201,32 @@ impl Kubelet {
             .collect()
     }
 
-    /// When each pod was first told to stop (deleted, or sent a signal), in wall-clock time
-    /// (to set beside the kube-proxy's connection log).
-    pub fn stopping_since(&self) -> BTreeMap<String, std::time::SystemTime> {
+    /// When each pod was stopping, in wall-clock time (to set beside the kube-proxy's
+    /// connection log): from being told to stop (deleted, or sent a signal) until its container
+    /// started again (a pod killed and restarted runs again; a deleted one never does).
+    pub fn stopping(&self) -> BTreeMap<String, Vec<std::ops::Range<std::time::SystemTime>>> {
         let (now, wall) = (Instant::now(), std::time::SystemTime::now());
-        let mut since = BTreeMap::new();
+        let at = |t: &Instant| wall - now.duration_since(*t);
+        let mut stopping: BTreeMap<String, Vec<std::ops::Range<std::time::SystemTime>>> =
+            BTreeMap::new();
+        let far = wall + Duration::from_secs(24 * 3600);
         for (t, e) in self.inner.events.lock().unwrap().iter() {
-            let pod = e
+            if let Some(pod) = e
                 .strip_suffix(" terminating")
-                .or_else(|| e.split_once(" sent signal ").map(|(p, _)| p));
-            if let Some(pod) = pod {
-                since
-                    .entry(pod.to_string())
-                    .or_insert(wall - now.duration_since(*t));
+                .or_else(|| e.split_once(" sent signal ").map(|(p, _)| p))
+            {
+                let windows = stopping.entry(pod.to_string()).or_default();
+                if windows.last().is_none_or(|w| w.end != far) {
+                    windows.push(at(t)..far);
+                }
+            } else if let Some((pod, _)) = e.split_once(" container started")
+                && let Some(w) = stopping.get_mut(pod).and_then(|w| w.last_mut())
+                && w.end == far
+            {
+                w.end = at(t);
             }
         }
-        since
+        stopping
     }
 
     /// The log of one pod's container (every run of it, appended).
