@@ -68,6 +68,7 @@ pub fn in_own_netns(test_name: &str) -> bool {
             "ip link set lo up: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        show_panics();
         return true;
     }
     if let Some(why) = cannot_unshare() {
@@ -83,6 +84,22 @@ pub fn in_own_netns(test_name: &str) -> bool {
     }
     run_in_netns(test_name);
     false
+}
+
+/// A panic in the re-executed test, shown in every run's log too: CI keeps only the head and the
+/// tail of a long log, and a failed crash case's message sat in the cut-out middle.
+fn show_panics() {
+    let before = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        let line = format!("{info}").replace('\n', " / ");
+        let _ = writeln!(
+            std::io::stderr(),
+            "{ALWAYS_SHOWN}thread {:?} {line}",
+            thread.name().unwrap_or("<unnamed>")
+        );
+        before(info);
+    }));
 }
 
 /// Put `ip` (a ClusterIP, say) on `lo` of this test's namespace; adding it twice is fine.
