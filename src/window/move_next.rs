@@ -1,9 +1,13 @@
 //! `handoff move`'s one next step, pure: from the target's record, the namespace's Clusters as
 //! read now, and what this run has done so far, the single thing to do next. The driver
-//! (`mover`) reads, asks `next`, performs that step, tells `Run` it did, and comes back, as
+//! (`mover`) reads, asks `next`, performs that step, tells `Reached` it did, and comes back, as
 //! Cluster API's KubeadmControlPlane reconciler does; so every rule of where a run starts,
 //! resumes, aborts and ends is here, tested one row per phase and observation, and the
 //! performing code decides nothing.
+
+mod reached;
+
+pub use reached::{AbortAt, Begun, FinishAt, MoveAt, Path, Reached, Seen};
 
 use super::declare::steps;
 use super::move_plan::{self, BlockMoveOn, ClusterSeen, Start, StartError, abort_refused};
@@ -19,21 +23,39 @@ pub struct Asked {
     pub abort: bool,
 }
 
-/// What the driver read before the step, beside the record.
+/// What the driver read before the step, beside the record: each only where `reads` asked
+/// for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {
     /// The namespace's Clusters in the source and in the target, and the Clusters of other
-    /// namespaces in the source that use a ClusterClass of this one: read while `reads` says
-    /// the next step may need them.
-    pub source: Vec<ClusterSeen>,
-    pub target: Vec<ClusterSeen>,
-    pub class_users: Vec<ClusterSeen>,
+    /// namespaces in the source that use a ClusterClass of this one.
+    pub source: Seen<Vec<ClusterSeen>>,
+    pub target: Seen<Vec<ClusterSeen>>,
+    pub class_users: Seen<Vec<ClusterSeen>>,
     /// The source's ClusterClasses the move touches, in whatever namespace: the namespace's
     /// own, those its Clusters use (`move_plan::classes_used`) and those the record names.
-    pub classes: Vec<ClusterSeen>,
-    /// Whether clusterctl had begun deleting from the source: read where a recorded move is
-    /// picked up (`reads`).
-    pub deleting: bool,
+    pub classes: Seen<Vec<ClusterSeen>>,
+    /// Whether clusterctl had begun deleting from the source.
+    pub deleting: Seen<bool>,
+}
+
+impl Observed {
+    pub fn source(&self) -> &[ClusterSeen] {
+        self.source.get("the source's Clusters")
+    }
+    pub fn target(&self) -> &[ClusterSeen] {
+        self.target.get("the target's Clusters")
+    }
+    pub fn class_users(&self) -> &[ClusterSeen] {
+        self.class_users
+            .get("the Clusters of other namespaces that use a ClusterClass of this one")
+    }
+    pub fn classes(&self) -> &[ClusterSeen] {
+        self.classes.get("the ClusterClasses the move touches")
+    }
+    pub fn deleting(&self) -> bool {
+        *self.deleting.get("whether clusterctl had begun deleting")
+    }
 }
 
 /// How clusterctl's part of this run ended.
@@ -48,42 +70,12 @@ pub enum Outcome {
     Stopped(String),
 }
 
-/// What this run has done, step by step (`performed`): everything `next` needs that no
-/// cluster records.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Run {
-    /// How this run began, decided by its first step.
-    pub began: Option<Start>,
-    pub checked: bool,
-    /// A resumed move's source put back as clusterctl expects it, or kept stopped.
-    pub source_prepared: bool,
-    /// The target's controllers taken, and the source Clusters handoff's block-move goes on.
-    pub target_taken: bool,
-    pub block_move: BlockMoveOn,
-    /// Proven before clusterctl starts: only where the source is stopped already.
-    pub target_proven: bool,
-    /// handoff's block-move on, the move recorded as `Moving`.
-    pub held: bool,
-    pub clusterctl: Option<Outcome>,
-    pub lifted: bool,
-    pub target_unpaused: bool,
-    /// What clusterctl paused and left in the source unpaused (`UnpauseSource`).
-    pub source_unpaused: bool,
-    /// The move recorded as copied (`Restoring`).
-    pub copied: bool,
-    pub restored: Vec<MoveRole>,
-    pub aborting: bool,
-    pub finished: bool,
-    /// What the windows brought along removed (`installed::remove`).
-    pub uninstalled: bool,
-}
-
 steps! {
 /// One step of a move or of its `--abort`; each is performed by one function of the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step names StepName {
     /// Say how this run begins; nothing is written.
-    Begin(Start),
+    Begin(Begun),
     /// Stop, writing nothing more, and say which cluster refused and why.
     Refuse { cluster: MoveRole, message: String },
     /// Both clusters' stops checked (the preflight) and clusterctl's version; nothing written.
@@ -95,13 +87,22 @@ pub enum Step names StepName {
     KeepSourceStopped,
     /// The source's standbys added, the target's controllers taken (proven later), the move's
     /// record begun.
-    StopTarget { block_move: BlockMoveOn },
+    StopTarget {
+        /// Where `Hold` puts handoff's block-move.
+        block_move: BlockMoveOn,
+        /// The source's standbys readied first, so that they are Ready once clusterctl paused
+        /// the source; not where the source is stopped already.
+        standbys_first: bool,
+        /// A resumed move keeps when each cluster's controllers stopped first.
+        keep_stop_times: bool,
+    },
     /// The target proven stopped before clusterctl starts (the source is stopped already).
     ProveTarget,
     /// The move recorded `Moving`, handoff's block-move on.
-    Hold,
-    /// clusterctl, with the source stopped (and both proven) once it paused them.
-    RunClusterctl,
+    Hold { block_move: BlockMoveOn },
+    /// clusterctl, with the source stopped (and both proven) once it paused them, unless it
+    /// is stopped already.
+    RunClusterctl { source_stopped: bool },
     /// handoff's block-move off every source Cluster.
     Lift {
         /// A failure is said, not fatal: the move's way out, which must go on to record what
@@ -109,7 +110,7 @@ pub enum Step names StepName {
         warn: bool,
     },
     /// Record why clusterctl's part failed, and end with it.
-    Fail,
+    Fail(Outcome),
     /// Unpause these target Clusters, as clusterctl's last step would have.
     UnpauseTarget(Vec<String>),
     /// Unpause these source ClusterClasses (`namespace/name`), which clusterctl paused and left
@@ -119,14 +120,16 @@ pub enum Step names StepName {
     Copied,
     /// The target's controllers back.
     RestoreTarget,
-    /// The source's controllers back.
-    RestoreSource,
+    /// The source's controllers back; an `--abort` waits for their leaders (the namespace is
+    /// theirs again), a finished move does not (nothing of it waits on them).
+    RestoreSource { wait_leading: bool },
     /// Record the move done and report it.
     Finish,
     /// Record that an `--abort` is under way.
     BeginAbort,
-    /// Record the `--abort` done and report what clusterctl left behind.
-    Aborted,
+    /// Record the `--abort` done (where a move was recorded) and report what clusterctl left
+    /// behind.
+    Aborted { recorded: bool },
     /// Remove what the windows brought along where nothing of handoff was installed (their
     /// policies, the windows, the MoveWindow CRD where no other window uses it); nothing
     /// where an admin installed handoff.
@@ -137,46 +140,10 @@ pub enum Step names StepName {
 }
 
 impl Step {
-    /// The step that brings `role`'s controllers back.
-    pub fn restore(role: MoveRole) -> Step {
-        match role {
-            MoveRole::Target => Step::RestoreTarget,
-            MoveRole::Source => Step::RestoreSource,
-        }
-    }
-
     /// A failure of this step is the run's outcome, not its end: from the block-move on, every
     /// way out lifts it and records why.
     pub fn fails_into_outcome(&self) -> bool {
-        matches!(self, Step::Hold | Step::RunClusterctl)
-    }
-}
-
-impl Run {
-    /// What this run knows once `step` was performed (clusterctl's outcome is the driver's
-    /// to set: it is what the step found).
-    pub fn performed(&mut self, step: &Step) {
-        match step {
-            Step::Begin(s) => self.began = Some(s.clone()),
-            Step::Check => self.checked = true,
-            Step::PutSourceBack | Step::KeepSourceStopped => self.source_prepared = true,
-            Step::StopTarget { block_move } => {
-                self.target_taken = true;
-                self.block_move = block_move.clone();
-            }
-            Step::ProveTarget => self.target_proven = true,
-            Step::Hold => self.held = true,
-            Step::Lift { .. } => self.lifted = true,
-            Step::UnpauseTarget(_) => self.target_unpaused = true,
-            Step::UnpauseSource(_) => self.source_unpaused = true,
-            Step::Copied => self.copied = true,
-            Step::RestoreTarget => self.restored.push(MoveRole::Target),
-            Step::RestoreSource => self.restored.push(MoveRole::Source),
-            Step::BeginAbort => self.aborting = true,
-            Step::Finish | Step::Aborted => self.finished = true,
-            Step::Uninstall => self.uninstalled = true,
-            Step::RunClusterctl | Step::Refuse { .. } | Step::Fail | Step::Done => {}
-        }
+        matches!(self, Step::Hold { .. } | Step::RunClusterctl { .. })
     }
 }
 
@@ -190,11 +157,13 @@ pub fn namespace(asked: &Asked, record: Option<&MoveRecord>) -> String {
 }
 
 /// What the driver reads for the next step, beside the record.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reads {
+    /// The namespace the run acts on: `namespace` until it begins, then what it began on.
+    pub namespace: String,
     /// The Clusters (`Observed::source`, `target`, `class_users`): until the target is taken
     /// (where a run starts, what is paused, where the block-move goes) and for a finished
-    /// copy's unpause.
+    /// copy's unpause of the target.
     pub clusters: bool,
     /// The ClusterClasses the move touches: with the Clusters, and for the source's unpause at
     /// the end of a move or an `--abort`.
@@ -204,26 +173,34 @@ pub struct Reads {
     pub deletes: bool,
 }
 
-pub fn reads(asked: &Asked, record: Option<&MoveRecord>, run: &Run) -> Reads {
-    let picking_up = run.began.is_none() && record.is_some_and(|r| !r.phase.is_over());
-    // A move recorded done: whether it is done indeed (`Start::Tidy`).
-    let done = run.began.is_none()
-        && record.is_some_and(|r| {
+pub fn reads(asked: &Asked, record: Option<&MoveRecord>, reached: &Reached) -> Reads {
+    let Some(b) = reached.begun() else {
+        let picking_up = record.is_some_and(|r| !r.phase.is_over());
+        // A move recorded done: whether it is done indeed (`Start::Tidy`).
+        let done = record.is_some_and(|r| {
             r.phase == MovePhase::Done && (asked.abort || r.namespace == asked.namespace)
         });
-    let clusters = picking_up
-        || done
-        || (!asked.abort && run.began.is_some() && !run.target_taken && !run.copied);
-    let unpausing = !run.source_unpaused
-        && run.began.as_ref().is_some_and(|b| *b != Start::Tidy)
-        && match asked.abort {
-            true => run.lifted,
-            false => run.copied,
+        return Reads {
+            namespace: namespace(asked, record),
+            clusters: picking_up || done,
+            classes: picking_up || done,
+            deletes: picking_up,
         };
+    };
+    let clusters = match &b.path {
+        Path::Move(MoveAt::Begun | MoveAt::Checked | MoveAt::SourcePrepared) => true,
+        Path::Finish(FinishAt::Begun) => b.start == Start::FinishTarget,
+        _ => false,
+    };
+    let unpausing = matches!(
+        b.path,
+        Path::Finish(FinishAt::Copied) | Path::Abort(AbortAt::Lifted)
+    );
     Reads {
+        namespace: b.namespace.clone(),
         clusters,
         classes: clusters || unpausing,
-        deletes: picking_up,
+        deletes: false,
     }
 }
 
@@ -235,48 +212,56 @@ fn refuse(cluster: MoveRole, message: impl ToString) -> Step {
 }
 
 /// The one next step.
-pub fn next(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed, run: &Run) -> Step {
-    match (&run.began, asked.abort) {
+pub fn next(
+    asked: &Asked,
+    record: Option<&MoveRecord>,
+    seen: &Observed,
+    reached: &Reached,
+) -> Step {
+    let Some(b) = reached.begun() else {
+        return match asked.abort {
+            false => begin(asked, record, seen),
+            true => begin_abort(asked, record, seen),
+        };
+    };
+    match &b.path {
+        Path::Move(at) => next_move(asked, b, at, seen),
+        Path::Ended(_) => Step::Lift { warn: true },
+        Path::Failing(why) => Step::Fail(why.clone()),
+        Path::Finish(at) => next_restore(b, *at, record, seen),
+        Path::Abort(at) => next_abort(b, *at, record, seen),
         // Moved already, with or without --abort: nothing to undo, what is left removed.
-        (Some(Start::Tidy), _) => match run.uninstalled {
-            false => Step::Uninstall,
-            true => Step::Done,
-        },
-        (None, false) => begin(asked, record, seen),
-        (None, true) => begin_abort(asked, record, seen),
-        (Some(_), true) => next_abort(record, seen, run),
-        (Some(start), false) => match start {
-            Start::Tidy => Step::Done,
-            Start::RestoreOnly | Start::FinishTarget => next_restore(start, record, seen, run),
-            Start::Fresh | Start::Resume | Start::ResumeStopped => {
-                next_move(asked, start, record, seen, run)
-            }
-        },
+        Path::Tidy { uninstalled: false } => Step::Uninstall,
+        Path::Tidy { uninstalled: true } => Step::Done,
     }
 }
 
 /// Where a run starts: from the record, refined where a recorded move is resumed by whether
 /// clusterctl had begun deleting from the source.
 fn begin(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> Step {
+    let begun = |start| Step::Begin(Begun::new(&asked.namespace, start, false));
     match move_plan::start(record, &asked.window, &asked.namespace) {
         Err(e) => refuse(MoveRole::Target, e),
         Ok(Start::Resume) => {
             let r = record.expect("a resume has a record");
-            Step::Begin(move_plan::resume(
+            begun(move_plan::resume(
                 r,
-                &seen.source,
-                &seen.target,
-                seen.deleting,
+                seen.source(),
+                seen.target(),
+                seen.deleting(),
             ))
         }
         Ok(Start::Fresh)
             if record.is_some_and(|r| {
-                move_plan::moved_already(r, &asked.namespace, &seen.source, &seen.target)
+                // Read only where it can be so (`reads`).
+                r.phase == MovePhase::Done
+                    && r.namespace == asked.namespace
+                    && move_plan::moved_already(r, &asked.namespace, seen.source(), seen.target())
             }) =>
         {
-            Step::Begin(Start::Tidy)
+            begun(Start::Tidy)
         }
-        Ok(s) => Step::Begin(s),
+        Ok(s) => begun(s),
     }
 }
 
@@ -284,56 +269,61 @@ fn begin(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> Step {
 /// clusterctl deleted; one that did not finish is finished by the next.
 fn begin_abort(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> Step {
     let Some(r) = record else {
-        return Step::Begin(Start::Fresh);
+        return Step::Begin(Begun::new(&asked.namespace, Start::Fresh, true));
     };
-    if move_plan::moved_already(r, &r.namespace, &seen.source, &seen.target) {
-        return Step::Begin(Start::Tidy);
+    let begun = |start| Step::Begin(Begun::new(&namespace(asked, record), start, true));
+    if r.phase == MovePhase::Done
+        && move_plan::moved_already(r, &r.namespace, seen.source(), seen.target())
+    {
+        return begun(Start::Tidy);
     }
     let start = match move_plan::start(Some(r), &asked.window, &r.namespace) {
         Ok(Start::Resume) | Err(StartError::AbortUnfinished { .. }) => {
-            move_plan::resume(r, &seen.source, &seen.target, seen.deleting)
+            move_plan::resume(r, seen.source(), seen.target(), seen.deleting())
         }
         Ok(s) => s,
         Err(e) => return refuse(MoveRole::Target, e),
     };
     match abort_refused(&start, &r.namespace) {
         Some(why) => refuse(MoveRole::Target, why),
-        None => Step::Begin(start),
+        None => begun(start),
     }
 }
 
+/// An `--abort`'s restore of the source: it waits for the source's leaders.
+const SOURCE_BACK: Step = Step::RestoreSource { wait_leading: true };
+
 /// Every controller back, the source's first (it still owns what was not moved), after
 /// the ClusterClasses of other namespaces that clusterctl paused are unpaused.
-fn next_abort(record: Option<&MoveRecord>, seen: &Observed, run: &Run) -> Step {
-    if record.is_some() && !run.aborting {
-        return Step::BeginAbort;
+fn next_abort(b: &Begun, at: AbortAt, record: Option<&MoveRecord>, seen: &Observed) -> Step {
+    match at {
+        AbortAt::Begun if record.is_some() => Step::BeginAbort,
+        AbortAt::Begun | AbortAt::Recorded => Step::Lift { warn: false },
+        AbortAt::Lifted => unpause_source(b, record, seen, true).unwrap_or(SOURCE_BACK),
+        AbortAt::SourceUnpaused => SOURCE_BACK,
+        AbortAt::SourceBack => Step::RestoreTarget,
+        AbortAt::TargetBack => Step::Aborted {
+            recorded: record.is_some(),
+        },
+        AbortAt::Aborted => Step::Uninstall,
+        AbortAt::Uninstalled => Step::Done,
     }
-    if !run.lifted {
-        return Step::Lift { warn: false };
-    }
-    if let Some(step) = unpause_source(record, seen, run, true) {
-        return step;
-    }
-    bring_back([MoveRole::Source, MoveRole::Target], Step::Aborted, run)
 }
 
 /// The ClusterClasses clusterctl paused and left in the source, unpaused once; no step where
 /// it left none (the common case: a namespace whose Clusters use classes of their own).
 fn unpause_source(
+    b: &Begun,
     record: Option<&MoveRecord>,
     seen: &Observed,
-    run: &Run,
     elsewhere_only: bool,
 ) -> Option<Step> {
-    if run.source_unpaused {
-        return None;
-    }
     let classes = record
         .map(|r| {
             move_plan::classes_to_unpause(
-                &r.namespace,
+                &b.namespace,
                 &r.cluster_classes,
-                &seen.classes,
+                seen.classes(),
                 elsewhere_only,
             )
         })
@@ -341,81 +331,49 @@ fn unpause_source(
     (!classes.is_empty()).then_some(Step::UnpauseSource(classes))
 }
 
-/// Each cluster's controllers back in `order`, then `last` (which records and reports), then
-/// done.
-fn bring_back(order: [MoveRole; 2], last: Step, run: &Run) -> Step {
-    match order.into_iter().find(|role| !run.restored.contains(role)) {
-        Some(role) => Step::restore(role),
-        None if !run.finished => last,
-        None if !run.uninstalled => Step::Uninstall,
-        None => Step::Done,
+/// A move whose clusterctl succeeded, in this run or an earlier one: the target's Clusters
+/// unpaused where clusterctl did not get to it, recorded as copied, the source's
+/// ClusterClasses that clusterctl paused and left there unpaused, then the restore, the
+/// target's controllers first (the namespace is theirs now).
+fn next_restore(b: &Begun, at: FinishAt, record: Option<&MoveRecord>, seen: &Observed) -> Step {
+    match at {
+        FinishAt::Begun if b.start == Start::FinishTarget => {
+            let moved = record.map(|r| r.clusters.as_slice()).unwrap_or_default();
+            Step::UnpauseTarget(
+                seen.target()
+                    .iter()
+                    .filter(|c| c.paused && moved.contains(&c.key))
+                    .map(|c| c.key.clone())
+                    .collect(),
+            )
+        }
+        FinishAt::Begun | FinishAt::TargetUnpaused => Step::Copied,
+        FinishAt::Copied => unpause_source(b, record, seen, false).unwrap_or(Step::RestoreTarget),
+        FinishAt::SourceUnpaused => Step::RestoreTarget,
+        FinishAt::TargetBack => Step::RestoreSource {
+            wait_leading: false,
+        },
+        FinishAt::SourceBack => Step::Finish,
+        FinishAt::Finished => Step::Uninstall,
+        FinishAt::Uninstalled => Step::Done,
     }
 }
 
-/// A move whose clusterctl succeeded in an earlier run: the target's Clusters unpaused where
-/// clusterctl did not get to it, then the restore.
-fn next_restore(start: &Start, record: Option<&MoveRecord>, seen: &Observed, run: &Run) -> Step {
-    if *start == Start::FinishTarget && !run.target_unpaused {
-        let moved = record.map(|r| r.clusters.as_slice()).unwrap_or_default();
-        return Step::UnpauseTarget(
-            seen.target
-                .iter()
-                .filter(|c| c.paused && moved.contains(&c.key))
-                .map(|c| c.key.clone())
-                .collect(),
-        );
-    }
-    restore(record, seen, run)
-}
-
-/// The restore, the target's controllers first (the namespace is theirs now), after the
-/// source's ClusterClasses that clusterctl paused and left there are unpaused.
-fn restore(record: Option<&MoveRecord>, seen: &Observed, run: &Run) -> Step {
-    if !run.copied {
-        return Step::Copied;
-    }
-    if let Some(step) = unpause_source(record, seen, run, false) {
-        return step;
-    }
-    bring_back([MoveRole::Target, MoveRole::Source], Step::Finish, run)
-}
-
-/// A move from its checks to clusterctl's exit, then its way out.
-fn next_move(
-    asked: &Asked,
-    start: &Start,
-    record: Option<&MoveRecord>,
-    seen: &Observed,
-    run: &Run,
-) -> Step {
-    let source_stopped = *start == Start::ResumeStopped;
-    if !run.checked {
-        return Step::Check;
-    }
-    if !run.source_prepared && *start != Start::Fresh {
-        return match source_stopped {
+/// A move from its checks to clusterctl's start.
+fn next_move(asked: &Asked, b: &Begun, at: &MoveAt, seen: &Observed) -> Step {
+    let source_stopped = b.start == Start::ResumeStopped;
+    match at {
+        MoveAt::Begun => Step::Check,
+        MoveAt::Checked if b.start != Start::Fresh => match source_stopped {
             true => Step::KeepSourceStopped,
             false => Step::PutSourceBack,
-        };
-    }
-    if !run.target_taken {
-        return take_target(asked, seen, source_stopped);
-    }
-    if source_stopped && !run.target_proven {
-        return Step::ProveTarget;
-    }
-    if !run.held && run.clusterctl.is_none() {
-        return Step::Hold;
-    }
-    let Some(outcome) = &run.clusterctl else {
-        return Step::RunClusterctl;
-    };
-    if !run.lifted {
-        return Step::Lift { warn: true };
-    }
-    match outcome {
-        Outcome::Moved => restore(record, seen, run),
-        Outcome::Exited { .. } | Outcome::Stopped(_) => Step::Fail,
+        },
+        MoveAt::Checked | MoveAt::SourcePrepared => take_target(asked, b, seen, source_stopped),
+        MoveAt::TargetTaken(_) if source_stopped => Step::ProveTarget,
+        MoveAt::TargetTaken(b) | MoveAt::TargetProven(b) => Step::Hold {
+            block_move: b.clone(),
+        },
+        MoveAt::Held => Step::RunClusterctl { source_stopped },
     }
 }
 
@@ -423,22 +381,25 @@ fn next_move(
 /// (v1.12+), a ClusterClass of another namespace included; every Cluster (or, in a namespace
 /// of ClusterClasses alone, every class) gets handoff's block-move, or nothing would hold
 /// clusterctl's copy until the source is stopped (unless it is stopped already).
-fn take_target(asked: &Asked, seen: &Observed, source_stopped: bool) -> Step {
-    if let Some(why) = move_plan::paused_before(&seen.source, &seen.classes) {
+fn take_target(asked: &Asked, b: &Begun, seen: &Observed, source_stopped: bool) -> Step {
+    if let Some(why) = move_plan::paused_before(seen.source(), seen.classes()) {
         return refuse(MoveRole::Source, why);
     }
+    let stop_target = |block_move| Step::StopTarget {
+        block_move,
+        standbys_first: !source_stopped,
+        keep_stop_times: b.start != Start::Fresh,
+    };
     match source_stopped {
-        true => Step::StopTarget {
-            block_move: BlockMoveOn::default(),
-        },
+        true => stop_target(BlockMoveOn::default()),
         false => match move_plan::add_block_move(
-            &asked.namespace,
-            &seen.source,
-            &seen.classes,
-            &seen.class_users,
+            &b.namespace,
+            seen.source(),
+            seen.classes(),
+            seen.class_users(),
             &asked.window,
         ) {
-            Ok(block_move) => Step::StopTarget { block_move },
+            Ok(block_move) => stop_target(block_move),
             Err(e) => refuse(MoveRole::Source, e),
         },
     }

@@ -30,16 +30,53 @@ fn record(phase: MovePhase, exit: Option<i32>) -> MoveRecord {
     }
 }
 
-/// Both clusters before a move: one running Cluster in the source, nothing in the target.
-fn before() -> Observed {
+/// What both clusters hold, as a test sets it up; the planner sees of it only what `reads`
+/// asks for (`observed`).
+#[derive(Debug, Clone, Default)]
+struct World {
+    source: Vec<ClusterSeen>,
+    target: Vec<ClusterSeen>,
+    class_users: Vec<ClusterSeen>,
+    classes: Vec<ClusterSeen>,
+    deleting: bool,
+}
+
+/// What the driver would read of `world` for `reads`: nothing else.
+fn observed(world: &World, reads: &Reads) -> Observed {
+    let read = |yes: bool, v: &Vec<ClusterSeen>| match yes {
+        true => Seen::Read(v.clone()),
+        false => Seen::NotRead,
+    };
     Observed {
+        source: read(reads.clusters, &world.source),
+        target: read(reads.clusters, &world.target),
+        class_users: read(reads.clusters, &world.class_users),
+        classes: read(reads.classes, &world.classes),
+        deleting: match reads.deletes {
+            true => Seen::Read(world.deleting),
+            false => Seen::NotRead,
+        },
+    }
+}
+
+fn began(start: Start) -> Step {
+    Step::Begin(Begun::new(NS, start, false))
+}
+
+fn began_abort(start: Start) -> Step {
+    Step::Begin(Begun::new(NS, start, true))
+}
+
+/// Both clusters before a move: one running Cluster in the source, nothing in the target.
+fn before() -> World {
+    World {
         source: vec![c("a", false)],
-        ..Observed::default()
+        ..World::default()
     }
 }
 
 /// What a step changes of what the next read sees (what clusterctl paused, unpaused).
-fn world(step: &Step, seen: &mut Observed) {
+fn world(step: &Step, seen: &mut World) {
     match step {
         Step::PutSourceBack | Step::KeepSourceStopped => {
             seen.source.iter_mut().for_each(|c| c.paused = false)
@@ -54,37 +91,38 @@ fn world(step: &Step, seen: &mut Observed) {
 }
 
 /// The steps the driver would take, each performed as it succeeds, clusterctl ending with
-/// `outcome` and `failing` failing as it is performed.
+/// `outcome` and `failing` failing as it is performed; the planner sees only what it asked
+/// to read.
 fn walk(
     asked: &Asked,
     record: Option<&MoveRecord>,
-    seen: &Observed,
+    seen: &World,
     outcome: Outcome,
-    failing: Option<Step>,
+    failing: Option<StepName>,
 ) -> Vec<Step> {
     let mut seen = seen.clone();
-    let mut run = Run::default();
+    let mut reached = Reached::default();
     let mut steps = Vec::new();
     while steps.len() < 30 {
-        let step = next(asked, record, &seen, &run);
+        let reads = reads(asked, record, &reached);
+        let step = next(asked, record, &observed(&seen, &reads), &reached);
         steps.push(step.clone());
         match &step {
-            Step::Refuse { .. } | Step::Fail | Step::Done => return steps,
-            _ if failing.as_ref() == Some(&step) => {
+            Step::Refuse { .. } | Step::Fail(_) | Step::Done => return steps,
+            _ if failing == Some(step.name()) => {
                 assert!(step.fails_into_outcome(), "{step:?} ends the run");
-                run.clusterctl = Some(Outcome::Stopped(format!("{step:?} failed")));
+                reached.ended(Outcome::Stopped(format!("{step:?} failed")));
                 continue;
             }
-            Step::RunClusterctl => run.clusterctl = Some(outcome.clone()),
-            _ => {}
+            Step::RunClusterctl { .. } => reached.ended(outcome.clone()),
+            _ => reached.performed(&step),
         }
         world(&step, &mut seen);
-        run.performed(&step);
     }
     panic!("no end after {steps:?}");
 }
 
-fn moved(asked: &Asked, record: Option<&MoveRecord>, seen: &Observed) -> Vec<Step> {
+fn moved(asked: &Asked, record: Option<&MoveRecord>, seen: &World) -> Vec<Step> {
     walk(asked, record, seen, Outcome::Moved, None)
 }
 
@@ -92,12 +130,33 @@ fn restore_then_finish() -> Vec<Step> {
     vec![
         Step::Copied,
         Step::RestoreTarget,
-        Step::RestoreSource,
+        Step::RestoreSource {
+            wait_leading: false,
+        },
         Step::Finish,
         Step::Uninstall,
         Step::Done,
     ]
 }
+
+/// The target taken for a move that begins as `start`, the block-move on `clusters/a`.
+fn stop_target(start: Start) -> Step {
+    Step::StopTarget {
+        block_move: BlockMoveOn::clusters(vec![format!("{NS}/a")]),
+        standbys_first: true,
+        keep_stop_times: start != Start::Fresh,
+    }
+}
+
+fn hold() -> Step {
+    Step::Hold {
+        block_move: BlockMoveOn::clusters(vec![format!("{NS}/a")]),
+    }
+}
+
+const RUN_CLUSTERCTL: Step = Step::RunClusterctl {
+    source_stopped: false,
+};
 
 fn refused(steps: &[Step]) -> (MoveRole, &str) {
     match steps.last() {
@@ -109,13 +168,11 @@ fn refused(steps: &[Step]) -> (MoveRole, &str) {
 #[test]
 fn a_new_move_stops_the_target_holds_clusterctl_and_restores_the_target_first() {
     let mut want = vec![
-        Step::Begin(Start::Fresh),
+        began(Start::Fresh),
         Step::Check,
-        Step::StopTarget {
-            block_move: BlockMoveOn::clusters(vec![format!("{NS}/a")]),
-        },
-        Step::Hold,
-        Step::RunClusterctl,
+        stop_target(Start::Fresh),
+        hold(),
+        RUN_CLUSTERCTL,
         Step::Lift { warn: true },
     ];
     want.extend(restore_then_finish());
@@ -133,10 +190,14 @@ fn every_way_out_after_the_block_move_lifts_it_then_records_the_failure() {
         exit: 1,
         what: "clusterctl move exited 1".into(),
     };
-    let steps = walk(&asked(false), None, &before(), exited, None);
+    let steps = walk(&asked(false), None, &before(), exited.clone(), None);
     assert_eq!(
         steps[steps.len() - 3..],
-        [Step::RunClusterctl, Step::Lift { warn: true }, Step::Fail]
+        [
+            RUN_CLUSTERCTL,
+            Step::Lift { warn: true },
+            Step::Fail(exited)
+        ]
     );
     // handoff's own failure while it puts the block-move on: clusterctl never runs.
     let steps = walk(
@@ -144,34 +205,38 @@ fn every_way_out_after_the_block_move_lifts_it_then_records_the_failure() {
         None,
         &before(),
         Outcome::Moved,
-        Some(Step::Hold),
+        Some(StepName::Hold),
     );
     assert_eq!(
         steps[steps.len() - 3..],
-        [Step::Hold, Step::Lift { warn: true }, Step::Fail]
+        [
+            hold(),
+            Step::Lift { warn: true },
+            Step::Fail(Outcome::Stopped(format!("{:?} failed", hold())))
+        ]
     );
     let steps = walk(
         &asked(false),
         None,
         &before(),
         Outcome::Moved,
-        Some(Step::RunClusterctl),
+        Some(StepName::RunClusterctl),
     );
-    assert_eq!(steps.last(), Some(&Step::Fail));
+    assert_eq!(steps.last().map(Step::name), Some(StepName::Fail));
     assert!(!steps.contains(&Step::Copied), "{steps:?}");
 }
 
 #[test]
 fn a_move_refuses_before_it_writes_anything_what_clusterctl_or_its_hold_could_not_take() {
-    let check = |seen: Observed| {
+    let check = |seen: World| {
         let steps = moved(&asked(false), None, &seen);
-        assert_eq!(steps[..2], [Step::Begin(Start::Fresh), Step::Check]);
+        assert_eq!(steps[..2], [began(Start::Fresh), Step::Check]);
         assert_eq!(steps.len(), 3, "{steps:?}");
         let (cluster, message) = refused(&steps);
         assert_eq!(cluster, Source);
         message.to_string()
     };
-    let paused = check(Observed {
+    let paused = check(World {
         source: vec![c("a", false), c("b", true)],
         ..before()
     });
@@ -179,12 +244,12 @@ fn a_move_refuses_before_it_writes_anything_what_clusterctl_or_its_hold_could_no
         paused.contains("clusters/b") && paused.contains("-n clusters patch"),
         "{paused}"
     );
-    let class = check(Observed {
+    let class = check(World {
         classes: vec![c("class", true)],
         ..before()
     });
     assert!(class.contains("clusters/class"), "{class}");
-    assert!(check(Observed::default()).contains("no Cluster"));
+    assert!(check(World::default()).contains("no Cluster"));
     let mut theirs = before();
     theirs.source[0].block_move = Some("".into());
     assert!(check(theirs).contains("not handoff's"));
@@ -205,36 +270,40 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
         assert_eq!(
             steps[..4],
             [
-                Step::Begin(Start::Resume),
+                began(Start::Resume),
                 Step::Check,
                 Step::PutSourceBack,
-                Step::StopTarget {
-                    block_move: BlockMoveOn::clusters(vec![format!("{NS}/a")])
-                },
+                stop_target(Start::Resume),
             ],
             "{phase}"
         );
-        assert_eq!(steps[4], Step::Hold, "{phase}");
+        assert_eq!(steps[4], hold(), "{phase}");
     }
     // Deletes begun: the source stays stopped, no block-move (nothing of the source's runs to
     // wait for), and the target is proven before clusterctl starts.
     let r = record(MovePhase::Copying, None);
-    let deleting = Observed {
+    let deleting = World {
         source: vec![c("a", true)],
         target: vec![c("a", true)],
         deleting: true,
-        ..Observed::default()
+        ..World::default()
     };
     let mut want = vec![
-        Step::Begin(Start::ResumeStopped),
+        began(Start::ResumeStopped),
         Step::Check,
         Step::KeepSourceStopped,
         Step::StopTarget {
             block_move: BlockMoveOn::default(),
+            standbys_first: false,
+            keep_stop_times: true,
         },
         Step::ProveTarget,
-        Step::Hold,
-        Step::RunClusterctl,
+        Step::Hold {
+            block_move: BlockMoveOn::default(),
+        },
+        Step::RunClusterctl {
+            source_stopped: true,
+        },
         Step::Lift { warn: true },
     ];
     want.extend(restore_then_finish());
@@ -245,18 +314,18 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
 fn after_clusterctl_moved_everything_a_rerun_only_finishes() {
     // clusterctl exited 0: the restore alone, recorded as such first.
     let r = record(MovePhase::Restoring, Some(0));
-    let mut want = vec![Step::Begin(Start::RestoreOnly)];
+    let mut want = vec![began(Start::RestoreOnly)];
     want.extend(restore_then_finish());
     assert_eq!(moved(&asked(false), Some(&r), &before()), want);
     // Everything in the target and gone from the source, the target still paused (clusterctl
     // died before its last step): only the move's own Clusters are unpaused there.
     let r = record(MovePhase::Copying, None);
-    let seen = Observed {
+    let seen = World {
         target: vec![c("a", true), c("users-own", true)],
-        ..Observed::default()
+        ..World::default()
     };
     let mut want = vec![
-        Step::Begin(Start::FinishTarget),
+        began(Start::FinishTarget),
         Step::UnpauseTarget(vec![format!("{NS}/a")]),
     ];
     want.extend(restore_then_finish());
@@ -290,15 +359,15 @@ fn a_run_refuses_a_record_it_must_not_act_on() {
 #[test]
 fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
     let abort_steps = |begun: Start, recorded: bool| {
-        let mut v = vec![Step::Begin(begun)];
+        let mut v = vec![began_abort(begun)];
         if recorded {
             v.push(Step::BeginAbort);
         }
         v.extend([
             Step::Lift { warn: false },
-            Step::RestoreSource,
+            Step::RestoreSource { wait_leading: true },
             Step::RestoreTarget,
-            Step::Aborted,
+            Step::Aborted { recorded },
             Step::Uninstall,
             Step::Done,
         ]);
@@ -329,7 +398,7 @@ fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
     assert_eq!(namespace(&elsewhere, None), "elsewhere");
     assert_eq!(namespace(&asked(false), Some(&r)), NS);
     // Once clusterctl began deleting, or moved everything: refused, nothing written.
-    let deleting = Observed {
+    let deleting = World {
         deleting: true,
         ..before()
     };
@@ -338,9 +407,9 @@ fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
         (record(MovePhase::Restoring, Some(0)), &before()),
         (
             record(MovePhase::Copying, None),
-            &Observed {
+            &World {
                 target: vec![c("a", true)],
-                ..Observed::default()
+                ..World::default()
             },
         ),
     ] {
@@ -357,15 +426,24 @@ fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
 
 fn read(clusters: bool, classes: bool, deletes: bool) -> Reads {
     Reads {
+        namespace: NS.into(),
         clusters,
         classes,
         deletes,
     }
 }
 
+fn at(start: Start, path: Path) -> Reached {
+    Reached::Begun(Begun {
+        namespace: NS.into(),
+        start,
+        path,
+    })
+}
+
 #[test]
 fn the_clusters_are_read_only_where_a_step_may_need_them() {
-    let fresh = Run::default();
+    let fresh = Reached::New;
     let r = record(MovePhase::Copying, None);
     // Picking up a recorded move: the Clusters and whether clusterctl deletes.
     assert_eq!(
@@ -377,48 +455,96 @@ fn the_clusters_are_read_only_where_a_step_may_need_them() {
         read(true, true, true)
     );
     // A new move: nothing before it begins, the Clusters until the target is taken.
-    assert_eq!(reads(&asked(false), None, &fresh), Reads::default());
-    let begun = Run {
-        began: Some(Start::Fresh),
-        ..Run::default()
-    };
-    assert_eq!(reads(&asked(false), None, &begun), read(true, true, false));
-    let taken = Run {
-        target_taken: true,
-        ..begun.clone()
-    };
-    assert_eq!(reads(&asked(false), None, &taken), Reads::default());
+    assert_eq!(
+        reads(&asked(false), None, &fresh),
+        read(false, false, false)
+    );
+    for before_taken in [MoveAt::Begun, MoveAt::Checked, MoveAt::SourcePrepared] {
+        assert_eq!(
+            reads(
+                &asked(false),
+                None,
+                &at(Start::Fresh, Path::Move(before_taken))
+            ),
+            read(true, true, false)
+        );
+    }
+    let taken = MoveAt::TargetTaken(BlockMoveOn::default());
+    for after in [
+        Path::Move(taken),
+        Path::Move(MoveAt::Held),
+        Path::Ended(Outcome::Moved),
+    ] {
+        assert_eq!(
+            reads(&asked(false), None, &at(Start::Fresh, after)),
+            read(false, false, false)
+        );
+    }
     // A finished copy's unpause reads the target's Clusters; the restore reads the
     // ClusterClasses for the source's unpause, then nothing.
-    let finishing = Run {
-        began: Some(Start::FinishTarget),
-        ..Run::default()
-    };
+    let finishing = |s: Start, f: FinishAt| reads(&asked(false), Some(&r), &at(s, Path::Finish(f)));
     assert_eq!(
-        reads(&asked(false), Some(&r), &finishing),
+        finishing(Start::FinishTarget, FinishAt::Begun),
         read(true, true, false)
     );
-    let copied = Run {
-        copied: true,
-        ..finishing
-    };
+    // Where nothing is to be unpaused in the target, nothing is read for it.
+    for s in [Start::RestoreOnly, Start::Fresh] {
+        assert_eq!(finishing(s, FinishAt::Begun), read(false, false, false));
+    }
     assert_eq!(
-        reads(&asked(false), Some(&r), &copied),
+        finishing(Start::FinishTarget, FinishAt::Copied),
         read(false, true, false)
     );
-    let unpaused = Run {
-        source_unpaused: true,
-        ..copied
-    };
-    assert_eq!(reads(&asked(false), Some(&r), &unpaused), Reads::default());
+    for f in [
+        FinishAt::SourceUnpaused,
+        FinishAt::TargetBack,
+        FinishAt::Finished,
+    ] {
+        assert_eq!(finishing(Start::Fresh, f), read(false, false, false));
+    }
     // An --abort reads the ClusterClasses once it lifted (for its unpause), and the Clusters
-    // for its report only (the driver's, after its steps).
-    assert_eq!(reads(&asked(true), None, &begun), Reads::default());
-    let lifted = Run {
-        lifted: true,
-        ..begun.clone()
+    // for its report only (the driver's, after its steps). It acts on the recorded
+    // namespace, read before it begins.
+    let aborting = |a: AbortAt| reads(&asked(true), None, &at(Start::Fresh, Path::Abort(a)));
+    assert_eq!(aborting(AbortAt::Begun), read(false, false, false));
+    assert_eq!(aborting(AbortAt::Lifted), read(false, true, false));
+    assert_eq!(aborting(AbortAt::SourceBack), read(false, false, false));
+    let elsewhere = Asked {
+        namespace: "elsewhere".into(),
+        ..asked(true)
     };
-    assert_eq!(reads(&asked(true), None, &lifted), read(false, true, false));
+    assert_eq!(reads(&elsewhere, Some(&r), &fresh).namespace, NS);
+}
+
+#[test]
+fn a_step_the_planner_never_gives_from_where_the_run_is_stops_it() {
+    for (reached, step) in [
+        (Reached::New, Step::Check),
+        (at(Start::Fresh, Path::Move(MoveAt::Begun)), hold()),
+        (
+            at(Start::Fresh, Path::Finish(FinishAt::TargetBack)),
+            Step::RestoreTarget,
+        ),
+        (
+            at(Start::Fresh, Path::Abort(AbortAt::SourceBack)),
+            Step::RestoreSource { wait_leading: true },
+        ),
+        (at(Start::Fresh, Path::Abort(AbortAt::Begun)), Step::Copied),
+    ] {
+        let was = reached.clone();
+        let panicked = std::panic::catch_unwind(move || {
+            let mut r = reached;
+            r.performed(&step);
+        });
+        assert!(panicked.is_err(), "{was:?}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "used the source's Clusters, which `reads` did not ask for")]
+fn a_planner_that_looks_at_what_it_did_not_read_is_caught() {
+    let taking = at(Start::Fresh, Path::Move(MoveAt::Checked));
+    next(&asked(false), None, &Observed::default(), &taking);
 }
 
 /// A ClusterClass `ns/name`, as the source holds it.
@@ -440,10 +566,10 @@ fn using(name: &str, class: &str) -> ClusterSeen {
 
 #[test]
 fn a_shared_cluster_class_paused_before_the_move_refuses_it_by_name() {
-    let seen = Observed {
+    let seen = World {
         source: vec![using("a", "classes/quick")],
         classes: vec![class("classes/quick", true)],
-        ..Observed::default()
+        ..World::default()
     };
     let steps = moved(&asked(false), None, &seen);
     let (cluster, why) = refused(&steps);
@@ -453,15 +579,13 @@ fn a_shared_cluster_class_paused_before_the_move_refuses_it_by_name() {
         "{why}"
     );
     // Unpaused, the move goes on; the block-move goes on the Clusters, never on the class.
-    let seen = Observed {
+    let seen = World {
         classes: vec![class("classes/quick", false)],
         ..seen
     };
     assert_eq!(
         moved(&asked(false), None, &seen)[2],
-        Step::StopTarget {
-            block_move: BlockMoveOn::clusters(vec![format!("{NS}/a")])
-        }
+        stop_target(Start::Fresh)
     );
 }
 
@@ -473,53 +597,48 @@ fn what_clusterctl_paused_and_left_in_the_source_is_unpaused_before_the_restore(
     };
     // After clusterctl: the shared class paused and left in the source, the namespace's own
     // class deleted from it.
-    let after = Observed {
+    let after = World {
         classes: vec![class("classes/quick", true)],
-        ..Observed::default()
+        ..World::default()
     };
-    let run = Run {
-        began: Some(Start::RestoreOnly),
-        copied: true,
-        ..Run::default()
+    // Asked with what `reads` asks for there, as the driver would.
+    let ask = |asked: &Asked, world: &World, reached: &Reached| {
+        let what = reads(asked, Some(&r), reached);
+        next(asked, Some(&r), &observed(world, &what), reached)
     };
+    let copied = at(Start::RestoreOnly, Path::Finish(FinishAt::Copied));
     assert_eq!(
-        next(&asked(false), Some(&r), &after, &run),
+        ask(&asked(false), &after, &copied),
         Step::UnpauseSource(vec!["classes/quick".into()])
     );
-    let done = Run {
-        source_unpaused: true,
-        ..run
-    };
+    let unpaused = at(Start::RestoreOnly, Path::Finish(FinishAt::SourceUnpaused));
+    assert_eq!(ask(&asked(false), &after, &unpaused), Step::RestoreTarget);
+    // Nothing left paused there: straight to the restore.
     assert_eq!(
-        next(&asked(false), Some(&r), &after, &done),
+        ask(&asked(false), &World::default(), &copied),
         Step::RestoreTarget
     );
     // An --abort unpauses the other namespaces' classes only: the namespace's own stay
     // paused with its Clusters, for the user to decide (copies may be in the target).
-    let both = Observed {
+    let both = World {
         classes: vec![
             class("classes/quick", true),
             class(&format!("{NS}/own"), true),
         ],
-        ..Observed::default()
+        ..World::default()
     };
-    let aborting = Run {
-        began: Some(Start::Resume),
-        aborting: true,
-        lifted: true,
-        ..Run::default()
-    };
+    let lifted = at(Start::Resume, Path::Abort(AbortAt::Lifted));
     assert_eq!(
-        next(&asked(true), Some(&r), &both, &aborting),
+        ask(&asked(true), &both, &lifted),
         Step::UnpauseSource(vec!["classes/quick".into()])
     );
 }
 
 #[test]
 fn a_namespace_of_cluster_classes_alone_is_held_by_its_classes_or_refused_while_used() {
-    let classes_only = Observed {
+    let classes_only = World {
         classes: vec![class(&format!("{NS}/quick"), false)],
-        ..Observed::default()
+        ..World::default()
     };
     let steps = moved(&asked(false), None, &classes_only);
     assert_eq!(
@@ -528,11 +647,13 @@ fn a_namespace_of_cluster_classes_alone_is_held_by_its_classes_or_refused_while_
             block_move: BlockMoveOn {
                 holds: move_plan::Holds::ClusterClasses,
                 keys: vec![format!("{NS}/quick")],
-            }
+            },
+            standbys_first: true,
+            keep_stop_times: false,
         }
     );
     assert_eq!(steps.last(), Some(&Step::Done), "{steps:?}");
-    let used = Observed {
+    let used = World {
         class_users: vec![ClusterSeen {
             key: "team-b/b1".into(),
             class: Some(format!("{NS}/quick")),
@@ -570,25 +691,25 @@ fn books_phases() -> Vec<String> {
 
 /// The table's rows: (phase, exit, what the clusters hold, the re-run's start, whether
 /// `--abort` acts).
-type Row = (Option<MovePhase>, Option<i32>, Observed, Start, bool);
+type Row = (Option<MovePhase>, Option<i32>, World, Start, bool);
 
 fn table_rows() -> Vec<Row> {
     let nothing_copied = before();
-    let paused_source = Observed {
+    let paused_source = World {
         source: vec![c("a", true)],
-        ..Observed::default()
+        ..World::default()
     };
-    let partly_copied = Observed {
+    let partly_copied = World {
         target: vec![c("a", true)],
         ..paused_source.clone()
     };
-    let deleting = Observed {
+    let deleting = World {
         deleting: true,
         ..partly_copied.clone()
     };
-    let all_in_target = Observed {
+    let all_in_target = World {
         target: vec![c("a", true)],
-        ..Observed::default()
+        ..World::default()
     };
     vec![
         (None, None, nothing_copied.clone(), Start::Fresh, true),
@@ -674,11 +795,13 @@ fn every_row_of_the_books_table_is_a_row_here() {
     for (phase, exit, seen, start, abortable) in &rows {
         let r = phase.clone().map(|p| record(p, *exit));
         let steps = moved(&asked(false), r.as_ref(), seen);
-        assert_eq!(steps[0], Step::Begin(start.clone()), "{phase:?} {seen:?}");
+        assert_eq!(steps[0], began(start.clone()), "{phase:?} {seen:?}");
         assert_eq!(steps.last(), Some(&Step::Done), "{phase:?}: {steps:?}");
         // Every re-run that gets that far restores the target's controllers first.
         let t = steps.iter().position(|s| *s == Step::RestoreTarget);
-        let s = steps.iter().position(|s| *s == Step::RestoreSource);
+        let s = steps
+            .iter()
+            .position(|s| s.name() == StepName::RestoreSource);
         assert!(
             t < s || (t.is_none() && s.is_none()),
             "{phase:?}: {steps:?}"
@@ -693,9 +816,9 @@ fn every_row_of_the_books_table_is_a_row_here() {
     }
     // An --abort stopped midway: the move is refused until the same --abort finishes it.
     let r = record(MovePhase::Aborting, None);
-    let paused_source = Observed {
+    let paused_source = World {
         source: vec![c("a", true)],
-        ..Observed::default()
+        ..World::default()
     };
     refused(&moved(&asked(false), Some(&r), &paused_source));
     let aborted = moved(&asked(true), Some(&r), &paused_source);
@@ -715,28 +838,28 @@ fn every_row_of_the_books_table_is_a_row_here() {
 #[test]
 fn a_move_recorded_done_and_done_indeed_only_removes_what_it_brought() {
     let r = record(MovePhase::Done, Some(0));
-    let after = Observed {
+    let after = World {
         target: vec![c("a", false)],
-        ..Observed::default()
+        ..World::default()
     };
     assert_eq!(
         moved(&asked(false), Some(&r), &after),
-        vec![Step::Begin(Start::Tidy), Step::Uninstall, Step::Done]
+        vec![began(Start::Tidy), Step::Uninstall, Step::Done]
     );
     // Its Clusters read: a run that died while removing them is finished by the next.
     assert_eq!(
-        reads(&asked(false), Some(&r), &Run::default()),
+        reads(&asked(false), Some(&r), &Reached::New),
         read(true, true, false)
     );
     // Still in the source (moved back since, or never gone): a new move.
-    let both = Observed {
+    let both = World {
         source: vec![c("a", false)],
         target: vec![c("a", false)],
-        ..Observed::default()
+        ..World::default()
     };
     assert_eq!(
         moved(&asked(false), Some(&r), &both)[0],
-        Step::Begin(Start::Fresh)
+        began(Start::Fresh)
     );
     // Another namespace's record, an aborted one, or a record of no Clusters: a new move.
     let other = Asked {
@@ -745,12 +868,12 @@ fn a_move_recorded_done_and_done_indeed_only_removes_what_it_brought() {
     };
     assert_eq!(
         moved(&other, Some(&r), &after)[0],
-        Step::Begin(Start::Fresh)
+        Step::Begin(Begun::new("elsewhere", Start::Fresh, false))
     );
     let aborted = record(MovePhase::Aborted, Some(0));
     assert_eq!(
         moved(&asked(false), Some(&aborted), &after)[0],
-        Step::Begin(Start::Fresh)
+        began(Start::Fresh)
     );
     let empty = MoveRecord {
         clusters: vec![],
@@ -758,6 +881,6 @@ fn a_move_recorded_done_and_done_indeed_only_removes_what_it_brought() {
     };
     assert_eq!(
         moved(&asked(false), Some(&empty), &after)[0],
-        Step::Begin(Start::Fresh)
+        began(Start::Fresh)
     );
 }

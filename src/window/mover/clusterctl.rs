@@ -141,6 +141,7 @@ pub async fn run_clusterctl(
     source: &Cluster,
     target: &Cluster,
     stop: SourceStop<'_>,
+    ns: &str,
     opts: &MoveOptions,
     signals: &mut Signals,
     out: &mut Progress,
@@ -151,7 +152,7 @@ pub async fn run_clusterctl(
     };
     // Watched from before clusterctl starts, so that its pause is seen as it is written.
     let pauses = match source_opts {
-        Some(_) => Some(PauseWatch::start(source, &opts.flags.namespace).await?),
+        Some(_) => Some(PauseWatch::start(source, ns).await?),
         None => None,
     };
     let mut child = spawn(opts, source, out)?;
@@ -172,7 +173,7 @@ pub async fn run_clusterctl(
             }
             _ = tick.tick(), if source_stopped.is_none() && !interrupted => {
                 let Some(pauses) = &pauses else { continue };
-                let Some(paused) = source_paused(source, pauses, opts, &mut waiting, out).await else {
+                let Some(paused) = source_paused(source, pauses, ns, opts, &mut waiting, out).await else {
                     continue;
                 };
                 let stopped = tokio::select! {
@@ -189,7 +190,7 @@ pub async fn run_clusterctl(
                         out.say("handoff move: interrupted while stopping the source; passed the signal to clusterctl, which copies nothing");
                     }
                     Some(Ok(())) => {
-                        let_clusterctl_copy(source, target, opts, out).await;
+                        let_clusterctl_copy(source, target, ns, opts, out).await;
                         source_stopped = Some(Instant::now());
                     }
                     // The source could not be stopped: clusterctl must not copy with its
@@ -232,11 +233,11 @@ struct Waited {
 async fn source_paused(
     source: &Cluster,
     pauses: &PauseWatch,
+    ns: &str,
     opts: &MoveOptions,
     waited: &mut Waited,
     out: &mut Progress,
 ) -> Option<Vec<String>> {
-    let ns = &opts.flags.namespace;
     let clusters = match pauses.failed() {
         None => pauses.clusters()?,
         // Listed at most once a poll instead, as before the watch.
@@ -297,10 +298,11 @@ async fn source_paused(
 async fn let_clusterctl_copy(
     source: &Cluster,
     target: &Cluster,
+    ns: &str,
     opts: &MoveOptions,
     out: &mut Progress,
 ) {
-    match lift_block_move(source, target, &opts.window, &opts.flags.namespace).await {
+    match lift_block_move(source, target, &opts.window, ns).await {
         Ok(lifted) if !lifted.is_empty() => {
             out.say(format!(
                 "source: lifted handoff's {BLOCK_MOVE} from {}: clusterctl copies now",

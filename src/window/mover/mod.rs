@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use super::close::{CloseOptions, Restored};
 use super::common::{Cluster, Result, WindowError, read_window, record};
 use super::declare::Of;
-use super::move_next::{self, Asked, Observed, Outcome, Run, Step};
+use super::move_next::{self, Asked, Observed, Outcome, Reached, Reads, Seen, Step};
 use super::move_plan::{self, ClusterctlFlags};
 use super::open::{OpenOptions, Taken};
 use super::user_agent::StepLabel;
@@ -140,8 +140,6 @@ struct Mover<'a> {
     source: &'a Cluster,
     target: &'a Cluster,
     opts: &'a MoveOptions,
-    /// The namespace moved (an `--abort`'s: the recorded one).
-    ns: String,
     /// How each cluster's window is opened (its reason names the move).
     source_opts: OpenOptions,
     target_opts: OpenOptions,
@@ -169,28 +167,28 @@ impl Mover<'_> {
         }
     }
 
-    /// What `next` needs read, beside the record.
-    async fn observe(
-        &mut self,
-        asked: &Asked,
-        r: Option<&MoveRecord>,
-        run: &Run,
-    ) -> Result<Observed> {
-        let reads = move_next::reads(asked, r, run);
-        let (source, target, ns) = (self.source, self.target, self.ns.clone());
+    /// What `next` needs read, beside the record, and nothing it does not.
+    async fn observe(&mut self, reads: &Reads, r: Option<&MoveRecord>) -> Result<Observed> {
+        let (source, target, ns) = (self.source, self.target, reads.namespace.as_str());
         let mut seen = Observed::default();
         if reads.clusters {
-            seen.source = clusters_in(source, &ns).await?;
-            seen.target = clusters_in(target, &ns).await?;
-            seen.class_users = move_plan::users_of(&ns, &every_cluster(source).await?);
+            seen.source = Seen::Read(clusters_in(source, ns).await?);
+            seen.target = Seen::Read(clusters_in(target, ns).await?);
+            seen.class_users = Seen::Read(move_plan::users_of(ns, &every_cluster(source).await?));
         }
         if reads.classes {
             let recorded = r.map(|r| r.cluster_classes.as_slice()).unwrap_or_default();
-            let used = move_plan::classes_used(&ns, &seen.source, recorded);
-            seen.classes = classes_in(source, &ns, &used).await?;
+            // The classes the namespace's Clusters use, where they were read; the record's
+            // and the namespace's own in any case.
+            let clusters = match &seen.source {
+                Seen::Read(v) => v.as_slice(),
+                Seen::NotRead => &[],
+            };
+            let used = move_plan::classes_used(ns, clusters, recorded);
+            seen.classes = Seen::Read(classes_in(source, ns, &used).await?);
         }
         if reads.deletes {
-            seen.deleting = deleting(source, target, &ns, self.out).await?;
+            seen.deleting = Seen::Read(deleting(source, target, ns, self.out).await?);
         }
         Ok(seen)
     }
@@ -223,7 +221,6 @@ pub async fn run(
         source,
         target,
         opts,
-        ns: asked.namespace.clone(),
         source_opts: reason("source"),
         target_opts: reason("target"),
         signals: None,
@@ -232,24 +229,25 @@ pub async fn run(
         started: Instant::now(),
         out,
     };
-    let mut run = Run::default();
+    let mut reached = Reached::default();
     loop {
         let recorded = read_record(target, &opts.window).await?;
-        m.ns = move_next::namespace(&asked, recorded.as_ref());
-        let seen = m.observe(&asked, recorded.as_ref(), &run).await?;
-        let step = move_next::next(&asked, recorded.as_ref(), &seen, &run);
+        let reads = move_next::reads(&asked, recorded.as_ref(), &reached);
+        let seen = m.observe(&reads, recorded.as_ref()).await?;
+        let step = move_next::next(&asked, recorded.as_ref(), &seen, &reached);
         m.out.step(Of::Move, step.name());
         opts.step_label.set(Of::Move, step.name());
-        match m.perform(&step, recorded.as_ref(), &seen, &run).await {
-            Ok(Some(outcome)) => run.clusterctl = Some(outcome),
+        let performed = m
+            .perform(&step, recorded.as_ref(), &seen, &reads.namespace)
+            .await;
+        match performed {
+            Ok(Some(outcome)) => reached.ended(outcome),
             Ok(None) if step == Step::Done => return Ok(()),
-            Ok(None) => {}
+            Ok(None) => reached.performed(&step),
             Err(e) if step.fails_into_outcome() => {
-                run.clusterctl = Some(Outcome::Stopped(format!("handoff move stopped: {e}")));
-                continue;
+                reached.ended(Outcome::Stopped(format!("handoff move stopped: {e}")))
             }
             Err(e) => return Err(e),
         }
-        run.performed(&step);
     }
 }

@@ -127,6 +127,7 @@ pub async fn restore_one(
 /// The move done: recorded, and how long each cluster's controllers were stopped.
 pub async fn report_done(
     target: &Cluster,
+    ns: &str,
     opts: &MoveOptions,
     started: Instant,
     restored: &[Restored],
@@ -135,8 +136,7 @@ pub async fn report_done(
     note(target, &opts.window, |m| m.phase = MovePhase::Done).await?;
     let done = read_record(target, &opts.window).await?;
     out.say(format!(
-        "handoff move: namespace {} moved in {:.1}s",
-        opts.flags.namespace,
+        "handoff move: namespace {ns} moved in {:.1}s",
         started.elapsed().as_secs_f64()
     ));
     if let Some(m) = done {

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::super::close::{close, say_removed};
 use super::super::common::{Result, WindowError, now, read_window};
-use super::super::move_next::{Observed, Outcome, Run, Step};
+use super::super::move_next::{Begun, Observed, Outcome, Step};
 use super::super::move_plan::{self, BLOCK_MOVE, BlockMoveOn, Holds, Start};
 use super::super::open::{Taken, check, first_taken, open, prove, ready_standbys, take};
 use super::child::{self, Signals};
@@ -22,41 +22,50 @@ use crate::resources::move_window::{MoveRecord, MoveRole, WindowState};
 use crate::resources::phase::MovePhase;
 
 impl Mover<'_> {
-    /// Perform `step`; clusterctl's outcome, where it ran.
+    /// Perform `step` on namespace `ns` (`Reads::namespace`); clusterctl's outcome, where it
+    /// ran. What to do is the step's: nothing here looks at how the run began.
     pub(super) async fn perform(
         &mut self,
         step: &Step,
         r: Option<&MoveRecord>,
         seen: &Observed,
-        run: &Run,
+        ns: &str,
     ) -> Result<Option<Outcome>> {
-        let stopped_already = run.began == Some(Start::ResumeStopped);
         match step {
-            Step::Begin(start) => self.begin_run(start, r),
+            Step::Begin(b) => self.begin_run(b, r),
             Step::Refuse { cluster, message } => Err(self.refused(*cluster, message.clone())),
             Step::Check => self.check().await,
             Step::PutSourceBack => self.put_source_back(self.recorded(r)?).await,
-            Step::KeepSourceStopped => self.keep_source_stopped(self.recorded(r)?).await,
-            Step::StopTarget { .. } => {
-                let fresh = run.began == Some(Start::Fresh);
-                self.stop_target(seen, stopped_already, fresh).await
+            Step::KeepSourceStopped => self.keep_source_stopped(self.recorded(r)?, ns).await,
+            Step::StopTarget {
+                block_move: _,
+                standbys_first,
+                keep_stop_times,
+            } => {
+                self.stop_target(seen, ns, *standbys_first, *keep_stop_times)
+                    .await
             }
             Step::ProveTarget => self.prove_target().await,
-            Step::Hold => self.hold(&run.block_move).await,
-            Step::RunClusterctl => return self.clusterctl(stopped_already).await.map(Some),
-            Step::Lift { warn } => self.lift(*warn).await,
-            Step::Fail => self.fail(run.clusterctl.as_ref()).await,
+            Step::Hold { block_move } => self.hold(block_move).await,
+            Step::RunClusterctl { source_stopped } => {
+                return self.clusterctl(*source_stopped, ns).await.map(Some);
+            }
+            Step::Lift { warn } => self.lift(*warn, ns).await,
+            Step::Fail(why) => self.fail(why).await,
             Step::UnpauseTarget(keys) => unpause(self.target, keys, &[], self.out).await,
             Step::UnpauseSource(keys) => {
                 let why = "clusterctl paused it and left it in the source, where Clusters of other namespaces use it";
                 unpause_saying(self.source, &[], keys, why, self.out).await
             }
             Step::Copied => self.copied().await,
-            Step::RestoreTarget => self.restore(MoveRole::Target, run.aborting).await,
-            Step::RestoreSource => self.restore(MoveRole::Source, run.aborting).await,
+            Step::RestoreTarget => self.restore(MoveRole::Target, true).await,
+            Step::RestoreSource { wait_leading } => {
+                self.restore(MoveRole::Source, *wait_leading).await
+            }
             Step::Finish => {
                 report_done(
                     self.target,
+                    ns,
                     self.opts,
                     self.started,
                     &self.restored,
@@ -70,7 +79,7 @@ impl Mover<'_> {
                 })
                 .await
             }
-            Step::Aborted => self.aborted(r.is_some()).await,
+            Step::Aborted { recorded } => self.aborted(*recorded, ns).await,
             Step::Uninstall => {
                 // The source's first: the target's window holds the record until the last.
                 for c in [self.source, self.target] {
@@ -96,18 +105,15 @@ impl Mover<'_> {
         })
     }
 
-    /// One cluster's controllers back. A finished move does not wait for the source's
-    /// candidates: the target leads already, and nothing of the move waits on them. An
-    /// `--abort` waits for every cluster (the source owns the namespace again).
-    async fn restore(&mut self, role: MoveRole, aborting: bool) -> Result<()> {
+    /// One cluster's controllers back, waiting for their leaders where `lead` (the step's).
+    async fn restore(&mut self, role: MoveRole, lead: bool) -> Result<()> {
         let c = self.cluster(role).clone();
         let (target, opts) = (self.target, self.opts);
-        let lead = role != MoveRole::Source || aborting;
         restore_one(&c, target, opts, lead, &mut self.restored, self.out).await
     }
 
-    fn begin_run(&mut self, start: &Start, r: Option<&MoveRecord>) -> Result<()> {
-        let (ns, window) = (&self.ns, &self.opts.window);
+    fn begin_run(&mut self, b: &Begun, r: Option<&MoveRecord>) -> Result<()> {
+        let (start, ns, window) = (&b.start, &b.namespace, &self.opts.window);
         if *start == Start::Tidy {
             self.out.say(format!("handoff move: namespace {ns} was moved already (MoveWindow {window} records it done, and its Clusters are in the target only): nothing to {}; removing what the move brought along, if anything is left",
                 if self.opts.abort { "abort" } else { "move" }));
@@ -229,7 +235,7 @@ impl Mover<'_> {
     /// A resumed move after clusterctl began deleting: the source's controllers stay stopped
     /// (they would re-create what was deleted); its Clusters are unpaused, since nothing
     /// reconciles them, so that clusterctl starts and finishes the copy and the deletes.
-    async fn keep_source_stopped(&mut self, r: &MoveRecord) -> Result<()> {
+    async fn keep_source_stopped(&mut self, r: &MoveRecord, ns: &str) -> Result<()> {
         let window = &self.opts.window;
         let p = phase(
             self.out,
@@ -248,11 +254,10 @@ impl Mover<'_> {
             m.source_stopped_at.get_or_insert_with(now);
         })
         .await?;
-        let (unmarked, secrets_read) = unmark_delete_for_move(self.source, &self.ns).await?;
+        let (unmarked, secrets_read) = unmark_delete_for_move(self.source, ns).await?;
         if !secrets_read {
             self.out.warn(format!(
-                "cannot list the Secrets of namespace {} (forbidden), so a Secret clusterctl marked {DELETE_FOR_MOVE} and did not delete keeps the mark, and so does its copy in the target; run handoff move as the user who runs clusterctl move",
-                self.ns
+                "cannot list the Secrets of namespace {ns} (forbidden), so a Secret clusterctl marked {DELETE_FOR_MOVE} and did not delete keeps the mark, and so does its copy in the target; run handoff move as the user who runs clusterctl move"
             ));
         }
         if !unmarked.is_empty() {
@@ -273,13 +278,19 @@ impl Mover<'_> {
     /// there. The proof (each former leader's end as the kubelet reports it, or its Lease's
     /// bound) runs while clusterctl starts, pauses the source and waits on handoff's
     /// block-move, and is checked with the source's, right before the lift.
-    async fn stop_target(&mut self, seen: &Observed, proven_next: bool, fresh: bool) -> Result<()> {
+    async fn stop_target(
+        &mut self,
+        seen: &Observed,
+        ns: &str,
+        standbys_first: bool,
+        keep_stop_times: bool,
+    ) -> Result<()> {
         let p = phase(self.out, "stopping the target's controllers");
         // The source's standbys first, so that they come up while the target's do, and are
         // Ready by the time clusterctl has paused the source: the source's take-over then
         // waits for none, and handoff lifts its block-move before clusterctl's second check
         // (5 s after its first).
-        if !proven_next {
+        if standbys_first {
             ready_standbys(self.source, &self.source_opts, self.out).await?;
         }
         let taken = take(
@@ -291,16 +302,14 @@ impl Mover<'_> {
         let first = first_taken(&taken);
         let keys =
             |v: &[move_plan::ClusterSeen]| v.iter().map(|c| c.key.clone()).collect::<Vec<_>>();
-        let (cluster_keys, class_keys) = (keys(&seen.source), keys(&seen.classes));
-        let elsewhere = move_plan::classes_left_behind(&self.ns, &seen.classes, &seen.class_users);
+        let (cluster_keys, class_keys) = (keys(seen.source()), keys(seen.classes()));
+        let elsewhere = move_plan::classes_left_behind(ns, seen.classes(), seen.class_users());
         if !elsewhere.is_empty() {
             self.out.say(format!(
-                "source: ClusterClass {} stays in the source for Clusters outside namespace {} (clusterctl pauses it, copies it and leaves it there); handoff unpauses it there once the move is over",
+                "source: ClusterClass {} stays in the source for Clusters outside namespace {ns} (clusterctl pauses it, copies it and leaves it there); handoff unpauses it there once the move is over",
                 elsewhere.join(", "),
-                self.ns
             ));
         }
-        let ns = self.ns.clone();
         begin(self.target, &self.opts.window, |m| {
             let merged = |before: &[String], now: &[String]| {
                 let mut v = before.to_vec();
@@ -312,13 +321,13 @@ impl Mover<'_> {
             let at_start = merged(&m.clusters, &cluster_keys);
             let classes = merged(&m.cluster_classes, &class_keys);
             // Kept across re-runs: the stop counts from the first take-over.
-            let (t, s) = match fresh {
-                true => (None, None),
-                false => (m.target_stopped_at.take(), m.source_stopped_at.take()),
+            let (t, s) = match keep_stop_times {
+                false => (None, None),
+                true => (m.target_stopped_at.take(), m.source_stopped_at.take()),
             };
             *m = MoveRecord {
                 phase: MovePhase::StoppingTarget,
-                namespace: ns.clone(),
+                namespace: ns.to_string(),
                 started_at: Some(now()),
                 attempts: m.attempts + 1,
                 clusters: at_start,
@@ -330,10 +339,10 @@ impl Mover<'_> {
         })
         .await?;
         let proven_at = taken.iter().map(Taken::bound).max();
-        let done = match (proven_next, proven_at) {
-            (true, _) => "the target's controllers are held; proven next, before clusterctl starts".to_string(),
-            (false, Some(at)) => format!("the target's controllers are held; proven stopped by {at} at the latest, while clusterctl starts and waits"),
-            (false, None) => "the target's controllers are held; proven stopped once taken, while clusterctl starts and waits".to_string(),
+        let done = match (standbys_first, proven_at) {
+            (false, _) => "the target's controllers are held; proven next, before clusterctl starts".to_string(),
+            (true, Some(at)) => format!("the target's controllers are held; proven stopped by {at} at the latest, while clusterctl starts and waits"),
+            (true, None) => "the target's controllers are held; proven stopped once taken, while clusterctl starts and waits".to_string(),
         };
         p.done(self.out, &done);
         self.target_taken = taken;
@@ -391,7 +400,7 @@ impl Mover<'_> {
 
     /// clusterctl, while the source's controllers still run; they are stopped once it has
     /// paused the source (`run_clusterctl`).
-    async fn clusterctl(&mut self, stopped_already: bool) -> Result<Outcome> {
+    async fn clusterctl(&mut self, stopped_already: bool, ns: &str) -> Result<Outcome> {
         let opts = self.opts;
         let p = phase(
             self.out,
@@ -410,7 +419,8 @@ impl Mover<'_> {
             },
         };
         let signals = self.signals.as_mut().expect("caught by signals()");
-        let ran = run_clusterctl(self.source, self.target, stop, opts, signals, self.out).await?;
+        let ran =
+            run_clusterctl(self.source, self.target, stop, ns, opts, signals, self.out).await?;
         p.done(
             self.out,
             &format!("clusterctl exited {}", ran.status.describe()),
@@ -436,11 +446,11 @@ impl Mover<'_> {
 
     /// handoff's block-move off every source Cluster: it must never be copied to the target
     /// or hold the next move. From here on a signal ends handoff (what is left is recorded).
-    async fn lift(&mut self, warn: bool) -> Result<()> {
+    async fn lift(&mut self, warn: bool, ns: &str) -> Result<()> {
         if let Some(s) = self.signals.take() {
             s.release();
         }
-        match lift_block_move(self.source, self.target, &self.opts.window, &self.ns).await {
+        match lift_block_move(self.source, self.target, &self.opts.window, ns).await {
             Ok(lifted) if !lifted.is_empty() => {
                 self.out.say(format!(
                     "source: lifted handoff's {BLOCK_MOVE} from {}",
@@ -459,12 +469,12 @@ impl Mover<'_> {
     }
 
     /// Record why clusterctl's part failed, and end with what is left and the ways on.
-    async fn fail(&mut self, outcome: Option<&Outcome>) -> Result<()> {
+    async fn fail(&mut self, outcome: &Outcome) -> Result<()> {
         let (window, opts) = (&self.opts.window, self.opts);
         let help =
             |what: &str| move_plan::failure_help(&opts.flags, window, &opts.clusterctl, what);
         match outcome {
-            Some(Outcome::Exited { exit, what }) => {
+            Outcome::Exited { exit, what } => {
                 note(self.target, window, |m| {
                     m.phase = MovePhase::Failed;
                     m.clusterctl_exit = Some(*exit);
@@ -477,7 +487,7 @@ impl Mover<'_> {
                     help: help(what),
                 })
             }
-            Some(Outcome::Stopped(what)) => {
+            Outcome::Stopped(what) => {
                 let _ = note(self.target, window, |m| {
                     m.phase = MovePhase::Failed;
                     m.error = Some(what.clone());
@@ -488,7 +498,7 @@ impl Mover<'_> {
                     help: help(what),
                 })
             }
-            Some(Outcome::Moved) | None => Ok(()),
+            Outcome::Moved => Ok(()),
         }
     }
 
@@ -503,14 +513,13 @@ impl Mover<'_> {
     }
 
     /// An `--abort` done: recorded where a move was, and what clusterctl left behind said.
-    async fn aborted(&mut self, recorded: bool) -> Result<()> {
+    async fn aborted(&mut self, recorded: bool, ns: &str) -> Result<()> {
         if recorded {
             note(self.target, &self.opts.window, |m| {
                 m.phase = MovePhase::Aborted
             })
             .await?;
         }
-        let ns = &self.ns;
         let paused: Vec<String> = clusters_in(self.source, ns)
             .await?
             .into_iter()

@@ -1,0 +1,224 @@
+//! What a run of `handoff move` has reached, as one position on one path: a run that resumes
+//! cannot have taken the target before it checked, an `--abort` cannot have held clusterctl,
+//! and a restore cannot have brought the source back before the target. `Run`'s fifteen
+//! fields could say all of these; a `Reached` cannot.
+
+use super::{Outcome, Step};
+use crate::window::move_plan::{BlockMoveOn, Start};
+
+/// What this run has done: nothing yet, or begun on one namespace along one path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Reached {
+    #[default]
+    New,
+    Begun(Begun),
+}
+
+/// A run once it has begun: the namespace it acts on (the one place that says it from here on:
+/// an `--abort` acts on the recorded move's, whatever `--namespace` says), how it began, and
+/// where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Begun {
+    pub namespace: String,
+    pub start: Start,
+    pub path: Path,
+}
+
+impl Begun {
+    /// Where a run that begins as `start` is, before its first step after `Begin`.
+    pub fn new(namespace: &str, start: Start, abort: bool) -> Begun {
+        let path = match (&start, abort) {
+            (Start::Tidy, _) => Path::Tidy { uninstalled: false },
+            (_, true) => Path::Abort(AbortAt::Begun),
+            (Start::RestoreOnly | Start::FinishTarget, false) => Path::Finish(FinishAt::Begun),
+            (Start::Fresh | Start::Resume | Start::ResumeStopped, false) => {
+                Path::Move(MoveAt::Begun)
+            }
+        };
+        Begun {
+            namespace: namespace.to_string(),
+            start,
+            path,
+        }
+    }
+}
+
+/// The paths a run takes. A move ends clusterctl's part (`Ended`), lifts the block-move, and
+/// goes on to `Finish` or to `Failing`; a run that finds clusterctl done starts on `Finish`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Path {
+    /// From the checks to clusterctl's start.
+    Move(MoveAt),
+    /// clusterctl exited, or handoff stopped once the block-move could be on: lifted next.
+    Ended(Outcome),
+    /// clusterctl failed or handoff stopped, the block-move lifted: recorded next, and the end.
+    Failing(Outcome),
+    /// clusterctl moved everything: the restore, the target's controllers first.
+    Finish(FinishAt),
+    /// An `--abort`: the source's controllers first.
+    Abort(AbortAt),
+    /// The move was done already: what it brought along removed.
+    Tidy { uninstalled: bool },
+}
+
+/// A move's position before clusterctl runs; the target's taking carries where handoff's
+/// block-move goes, until `Hold` puts it on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MoveAt {
+    Begun,
+    Checked,
+    /// A resumed move's source put back as clusterctl expects it, or kept stopped.
+    SourcePrepared,
+    TargetTaken(BlockMoveOn),
+    /// Proven before clusterctl starts: only where the source is stopped already.
+    TargetProven(BlockMoveOn),
+    Held,
+}
+
+/// A restore's position, in order; an optional step (an unpause) is skipped by going past it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FinishAt {
+    Begun,
+    TargetUnpaused,
+    /// The move recorded as copied (`Restoring`).
+    Copied,
+    /// What clusterctl paused and left in the source unpaused.
+    SourceUnpaused,
+    TargetBack,
+    SourceBack,
+    Finished,
+    /// What the windows brought along removed (`installed::remove`).
+    Uninstalled,
+}
+
+/// An `--abort`'s position, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AbortAt {
+    Begun,
+    /// The abort recorded (`Aborting`): where a move was recorded.
+    Recorded,
+    Lifted,
+    SourceUnpaused,
+    SourceBack,
+    TargetBack,
+    Aborted,
+    Uninstalled,
+}
+
+impl Reached {
+    pub fn begun(&self) -> Option<&Begun> {
+        match self {
+            Reached::New => None,
+            Reached::Begun(b) => Some(b),
+        }
+    }
+
+    /// clusterctl's part over: what it did, or why handoff stopped (a step from the block-move
+    /// on failed: `Step::fails_into_outcome`).
+    pub fn ended(&mut self, outcome: Outcome) {
+        let Reached::Begun(b) = self else {
+            panic!("the move's planner: clusterctl's part ended before the run began");
+        };
+        b.path = Path::Ended(outcome);
+    }
+
+    /// Where this run is once `step` was performed. A step `next` does not give from here is
+    /// the planner's bug, and stops the run at once rather than record a position it is not at.
+    pub fn performed(&mut self, step: &Step) {
+        if let Step::Begin(b) = step {
+            *self = Reached::Begun(b.clone());
+            return;
+        }
+        if matches!(
+            step,
+            Step::Refuse { .. } | Step::RunClusterctl { .. } | Step::Fail(_) | Step::Done
+        ) {
+            return;
+        }
+        let Reached::Begun(b) = self else {
+            panic!("the move's planner: {step:?} performed before the run began");
+        };
+        let at = match (&b.path, step) {
+            (Path::Move(MoveAt::Begun), Step::Check) => Path::Move(MoveAt::Checked),
+            (Path::Move(MoveAt::Checked), Step::PutSourceBack | Step::KeepSourceStopped) => {
+                Path::Move(MoveAt::SourcePrepared)
+            }
+            (
+                Path::Move(MoveAt::Checked | MoveAt::SourcePrepared),
+                Step::StopTarget { block_move, .. },
+            ) => Path::Move(MoveAt::TargetTaken(block_move.clone())),
+            (Path::Move(MoveAt::TargetTaken(b)), Step::ProveTarget) => {
+                Path::Move(MoveAt::TargetProven(b.clone()))
+            }
+            (Path::Move(MoveAt::TargetTaken(_) | MoveAt::TargetProven(_)), Step::Hold { .. }) => {
+                Path::Move(MoveAt::Held)
+            }
+            (Path::Ended(Outcome::Moved), Step::Lift { .. }) => Path::Finish(FinishAt::Begun),
+            (Path::Ended(why), Step::Lift { .. }) => Path::Failing(why.clone()),
+            (Path::Finish(at), step) => Path::Finish(later(*at, finish_at(step), step)),
+            (Path::Abort(at), step) => Path::Abort(later(*at, abort_at(step), step)),
+            (Path::Tidy { .. }, Step::Uninstall) => Path::Tidy { uninstalled: true },
+            (path, step) => {
+                panic!("the move's planner: {step:?} performed at {path:?}, which it never follows")
+            }
+        };
+        b.path = at;
+    }
+}
+
+/// The restore's position `step` reaches.
+fn finish_at(step: &Step) -> Option<FinishAt> {
+    Some(match step {
+        Step::UnpauseTarget(_) => FinishAt::TargetUnpaused,
+        Step::Copied => FinishAt::Copied,
+        Step::UnpauseSource(_) => FinishAt::SourceUnpaused,
+        Step::RestoreTarget => FinishAt::TargetBack,
+        Step::RestoreSource { .. } => FinishAt::SourceBack,
+        Step::Finish => FinishAt::Finished,
+        Step::Uninstall => FinishAt::Uninstalled,
+        _ => return None,
+    })
+}
+
+/// The `--abort`'s position `step` reaches.
+fn abort_at(step: &Step) -> Option<AbortAt> {
+    Some(match step {
+        Step::BeginAbort => AbortAt::Recorded,
+        Step::Lift { .. } => AbortAt::Lifted,
+        Step::UnpauseSource(_) => AbortAt::SourceUnpaused,
+        Step::RestoreSource { .. } => AbortAt::SourceBack,
+        Step::RestoreTarget => AbortAt::TargetBack,
+        Step::Aborted { .. } => AbortAt::Aborted,
+        Step::Uninstall => AbortAt::Uninstalled,
+        _ => return None,
+    })
+}
+
+/// A path in order only goes on: a step of another path, or one back, is the planner's bug.
+fn later<A: Ord + std::fmt::Debug>(at: A, to: Option<A>, step: &Step) -> A {
+    match to {
+        Some(to) if to > at => to,
+        _ => panic!("the move's planner: {step:?} performed at {at:?}, which it never follows"),
+    }
+}
+
+/// Whether a read was made: an unread list is not an empty one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Seen<T> {
+    #[default]
+    NotRead,
+    Read(T),
+}
+
+impl<T> Seen<T> {
+    /// What was read. The planner looking at what `reads` did not ask for is its own bug,
+    /// which the walk tests find: they give it only what `reads` asked for.
+    pub fn get(&self, what: &str) -> &T {
+        match self {
+            Seen::Read(t) => t,
+            Seen::NotRead => {
+                panic!("the move's planner used {what}, which `reads` did not ask for")
+            }
+        }
+    }
+}
