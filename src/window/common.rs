@@ -153,6 +153,17 @@ pub enum WindowError {
     },
 }
 
+/// Where a command needs SIGINT and SIGTERM caught (from a move's checks until clusterctl is
+/// done) and cannot, it writes nothing more.
+impl From<super::runner::CannotCatch> for WindowError {
+    fn from(e: super::runner::CannotCatch) -> WindowError {
+        WindowError::Refused {
+            cluster: "handoff".into(),
+            message: e.to_string(),
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, WindowError>;
 
 /// The clusters an error is about, as one label (`target+source`).

@@ -6,6 +6,7 @@
 //! `plan` decides (which strategy, which count, what a Lease take-over writes, which order);
 //! the command modules read, ask it, and write.
 
+mod child;
 mod close;
 mod common;
 pub mod declare;
@@ -17,10 +18,12 @@ pub mod move_plan;
 mod mover;
 mod open;
 pub mod plan;
+pub mod planner;
 mod pod_watch;
 mod preflight;
 pub mod progress;
 pub mod proof;
+mod runner;
 mod standby;
 mod status;
 pub mod user_agent;

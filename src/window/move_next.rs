@@ -7,10 +7,11 @@
 
 mod reached;
 
-pub use reached::{AbortAt, Begun, FinishAt, MoveAt, Path, Reached, Seen};
+pub use reached::{AbortAt, Begun, FinishAt, MoveAt, Path, Reached, Seen, Span, SpanAt};
 
-use super::declare::steps;
+use super::declare::{Of, steps};
 use super::move_plan::{self, BlockMoveOn, ClusterSeen, Start, StartError, abort_refused};
+use super::planner::{Catch, ExitStatus, Interrupt, Observation, Planner, Verdict};
 use crate::resources::move_window::{MoveRecord, MoveRole};
 use crate::resources::phase::MovePhase;
 
@@ -70,6 +71,24 @@ pub enum Outcome {
     Stopped(String),
 }
 
+/// Why handoff signals clusterctl.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Because {
+    /// handoff was interrupted (SIGINT, SIGTERM) and passes the signal on; `copying`: the
+    /// block-move was lifted already.
+    Interrupted { copying: bool },
+    /// The source could not be stopped: clusterctl must not copy with its controllers running.
+    Stopped(String),
+}
+
+/// What a step of the move found that the planner needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    Nothing,
+    /// The source's Clusters clusterctl paused (`AwaitPause`).
+    SourcePaused(Vec<String>),
+}
+
 steps! {
 /// One step of a move or of its `--abort`; each is performed by one function of the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,9 +119,23 @@ pub enum Step names StepName {
     ProveTarget,
     /// The move recorded `Moving`, handoff's block-move on.
     Hold { block_move: BlockMoveOn },
-    /// clusterctl, with the source stopped (and both proven) once it paused them, unless it
-    /// is stopped already.
-    RunClusterctl { source_stopped: bool },
+    /// clusterctl started (in a process group of its own, bound to die with handoff), the
+    /// source's Clusters watched from before it starts where the source is stopped once they
+    /// are paused.
+    StartClusterctl { watch_pause: bool },
+    /// Wait until clusterctl has paused every source Cluster and nothing but handoff's
+    /// block-move holds it; reads only.
+    AwaitPause,
+    /// The source's controllers taken, both clusters' proven stopped, `Copying` recorded and
+    /// handoff's block-move lifted: clusterctl copies.
+    StopSource { paused: Vec<String> },
+    /// Wait for clusterctl to end.
+    AwaitClusterctl,
+    /// Pass a signal on to clusterctl (SIGINT or SIGTERM that handoff caught, or SIGTERM where
+    /// the source could not be stopped), and say why.
+    SignalClusterctl { signal: i32, because: Because },
+    /// Say how clusterctl ended; warn where it copied without waiting for handoff's block-move.
+    ClusterctlExited { status: ExitStatus, unheld: bool },
     /// handoff's block-move off every source Cluster.
     Lift {
         /// A failure is said, not fatal: the move's way out, which must go on to record what
@@ -143,7 +176,91 @@ impl Step {
     /// A failure of this step is the run's outcome, not its end: from the block-move on, every
     /// way out lifts it and records why.
     pub fn fails_into_outcome(&self) -> bool {
-        matches!(self, Step::Hold { .. } | Step::RunClusterctl { .. })
+        matches!(self, Step::Hold { .. } | Step::StartClusterctl { .. })
+    }
+}
+
+/// `handoff move`'s planner, for the runner: what the user asked, and the pure functions of
+/// this file.
+pub struct MovePlanner {
+    pub asked: Asked,
+}
+
+/// What the driver read for the next step: the target's record, what `reads` asked for of
+/// both clusters, and the namespace it was read in.
+pub struct Read {
+    pub record: Option<MoveRecord>,
+    pub reads: Reads,
+    pub seen: Observed,
+}
+
+impl Planner for MovePlanner {
+    type Step = Step;
+    type Name = StepName;
+    type Read = Read;
+    type Reached = Reached;
+    type Found = Found;
+    const OF: Of = Of::Move;
+
+    fn name(step: &Step) -> StepName {
+        step.name()
+    }
+
+    /// The waits, and the source's stop: the block-move still holds clusterctl there, so it
+    /// has copied nothing, and the way out (`Lift`, `Fail`) is right wherever they are cut, as
+    /// after a `kill -9`. Single writes (the record, the lift) run to their end, so that the
+    /// run knows what it wrote.
+    fn cuttable(step: &Step) -> bool {
+        matches!(
+            step,
+            Step::AwaitPause | Step::StopSource { .. } | Step::AwaitClusterctl
+        )
+    }
+
+    /// From the checks until the block-move is on, a signal is held (it stops the move before
+    /// clusterctl starts); from then until clusterctl ended, it goes to clusterctl; before and
+    /// after, it ends handoff (what is left is recorded).
+    fn catch(&self, reached: &Reached) -> Catch {
+        match reached.begun().map(|b| &b.path) {
+            Some(Path::Move(MoveAt::Begun)) | None => Catch::Default,
+            Some(Path::Move(MoveAt::Held) | Path::Clusterctl(_)) => Catch::Deliver,
+            Some(Path::Move(_)) => Catch::Hold,
+            Some(_) => Catch::Default,
+        }
+    }
+
+    fn next(&self, read: &Read, reached: &Reached) -> Step {
+        next(&self.asked, read.record.as_ref(), &read.seen, reached)
+    }
+
+    /// From the block-move on, a failed step ends clusterctl's part, not the run: the next
+    /// steps lift the block-move and record why. `Refuse` and `Fail` end the run with their
+    /// error, `Done` with nothing.
+    fn observe(&self, reached: &mut Reached, step: &Step, o: Observation<'_, Found>) -> Verdict {
+        match o {
+            Observation::Done(_) if *step == Step::Done => Verdict::End,
+            Observation::Done(found) => {
+                reached.performed(step, found);
+                Verdict::GoOn
+            }
+            Observation::Failed(e) if step.fails_into_outcome() => {
+                reached.ended(Outcome::Stopped(format!("handoff move stopped: {e}")));
+                Verdict::GoOn
+            }
+            Observation::Failed(e) if matches!(step, Step::StopSource { .. }) => {
+                reached.source_not_stopped(e.to_string());
+                Verdict::GoOn
+            }
+            Observation::Failed(_) => Verdict::End,
+            Observation::Cut(i) => {
+                reached.interrupted(i);
+                Verdict::GoOn
+            }
+        }
+    }
+
+    fn interrupted(&self, reached: &mut Reached, i: Interrupt) {
+        reached.interrupted(i);
     }
 }
 
@@ -226,6 +343,7 @@ pub fn next(
     };
     match &b.path {
         Path::Move(at) => next_move(asked, b, at, seen),
+        Path::Clusterctl(span) => next_in_span(b, span),
         Path::Ended(_) => Step::Lift { warn: true },
         Path::Failing(why) => Step::Fail(why.clone()),
         Path::Finish(at) => next_restore(b, *at, record, seen),
@@ -373,7 +491,35 @@ fn next_move(asked: &Asked, b: &Begun, at: &MoveAt, seen: &Observed) -> Step {
         MoveAt::TargetTaken(b) | MoveAt::TargetProven(b) => Step::Hold {
             block_move: b.clone(),
         },
-        MoveAt::Held => Step::RunClusterctl { source_stopped },
+        MoveAt::Held => Step::StartClusterctl {
+            watch_pause: !source_stopped,
+        },
+    }
+}
+
+/// While clusterctl runs: the source stopped once it paused it, then its end awaited; a
+/// signal passed on to it as it comes.
+fn next_in_span(b: &Begun, span: &Span) -> Step {
+    match &span.at {
+        SpanAt::Started if span.copying => Step::AwaitClusterctl,
+        SpanAt::Started => Step::AwaitPause,
+        SpanAt::Paused(keys) => Step::StopSource {
+            paused: keys.clone(),
+        },
+        SpanAt::Copying | SpanAt::Signalled => Step::AwaitClusterctl,
+        SpanAt::Signalling(signal, because) => Step::SignalClusterctl {
+            signal: *signal,
+            because: because.clone(),
+        },
+        SpanAt::Exited(status) => Step::ClusterctlExited {
+            status: status.clone(),
+            // Where the source was not stopped before: clusterctl did not wait for handoff's
+            // block-move (does it honour it?), and neither cluster was proven stopped.
+            unheld: status.code == Some(0)
+                && !span.copying
+                && span.stopped.is_none()
+                && b.start != Start::ResumeStopped,
+        },
     }
 }
 

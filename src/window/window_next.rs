@@ -5,7 +5,8 @@
 //! `RunClusterctl` the source once clusterctl paused it, `RestoreTarget` and `RestoreSource`
 //! close them), so a window opened by a move and one opened by hand go through the same steps.
 
-use super::declare::steps;
+use super::declare::{Of, steps};
+use super::planner::{Observation, Planner, Verdict};
 use crate::resources::move_window::MoveWindow;
 use crate::resources::phase::{UnknownPhase, WindowPhase};
 
@@ -169,6 +170,102 @@ pub fn next_close(window: &str, seen: &[Seen], run: &CloseRun) -> CloseStep {
         };
     }
     CloseStep::Done
+}
+
+/// `window open`'s planner, for the runner: each cluster's window as read before the first
+/// step (nothing is read between steps: the run's own writes are in what it performed).
+pub struct OpenPlanner {
+    /// Wait for the proof (`window open`), or leave it to the caller (`handoff move`).
+    pub prove: bool,
+    pub window: String,
+    pub seen: Vec<Seen>,
+}
+
+impl Planner for OpenPlanner {
+    type Step = OpenStep;
+    type Name = OpenStepName;
+    type Read = ();
+    type Reached = Vec<OpenStep>;
+    type Found = ();
+    const OF: Of = Of::WindowOpen;
+
+    fn name(step: &OpenStep) -> OpenStepName {
+        step.name()
+    }
+
+    fn next(&self, _: &(), performed: &Vec<OpenStep>) -> OpenStep {
+        next_open(self.prove, &self.window, &self.seen, performed)
+    }
+
+    fn observe(
+        &self,
+        performed: &mut Vec<OpenStep>,
+        step: &OpenStep,
+        o: Observation<'_, ()>,
+    ) -> Verdict {
+        match (step, o) {
+            (OpenStep::Done, _) | (_, Observation::Failed(_)) => Verdict::End,
+            // Never: no step of it may be cut (`cuttable`); one cut would be given again.
+            (_, Observation::Cut(_)) => Verdict::GoOn,
+            (_, Observation::Done(())) => {
+                performed.push(step.clone());
+                Verdict::GoOn
+            }
+        }
+    }
+}
+
+/// What a step of `window close` found that the planner needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseFound {
+    Did,
+    /// `ReleaseOrphans` found no Lease of the window either.
+    NothingHere,
+}
+
+/// `window close`'s planner, for the runner.
+pub struct ClosePlanner {
+    pub window: String,
+    pub seen: Vec<Seen>,
+}
+
+impl Planner for ClosePlanner {
+    type Step = CloseStep;
+    type Name = CloseStepName;
+    type Read = ();
+    type Reached = CloseRun;
+    type Found = CloseFound;
+    const OF: Of = Of::WindowClose;
+
+    fn name(step: &CloseStep) -> CloseStepName {
+        step.name()
+    }
+
+    fn next(&self, _: &(), run: &CloseRun) -> CloseStep {
+        next_close(&self.window, &self.seen, run)
+    }
+
+    fn observe(
+        &self,
+        run: &mut CloseRun,
+        step: &CloseStep,
+        o: Observation<'_, CloseFound>,
+    ) -> Verdict {
+        match (step, o) {
+            (CloseStep::Done, _) | (_, Observation::Failed(_)) => Verdict::End,
+            // Never, as for `OpenPlanner`.
+            (_, Observation::Cut(_)) => Verdict::GoOn,
+            (CloseStep::ReleaseOrphans(i), Observation::Done(CloseFound::NothingHere)) => {
+                run.nothing_here.push(*i);
+                run.performed.push(step.clone());
+                Verdict::GoOn
+            }
+            (_, Observation::Done(_)) => {
+                run.performed.push(step.clone());
+                Verdict::GoOn
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1033,7 +1033,7 @@ fn crash_suite(test_name: &str, half: usize) {
         [
             "StopTarget",
             "Hold",
-            "RunClusterctl",
+            "StopSource",
             "Lift",
             "Copied",
             "RestoreTarget",

@@ -13,9 +13,9 @@ use super::common::now;
 use super::common::{
     Cluster, Result, WindowError, api_err, labels, read_windows, record, set_state,
 };
-use super::declare::Of;
 use super::lease;
-use super::window_next::{CloseRun, CloseStep, Seen, next_close};
+use super::runner::{self, Performer, Publish};
+use super::window_next::{CloseFound, ClosePlanner, CloseRun, CloseStep, Seen};
 use crate::resources::move_window::{MoveWindow, MoveWindowStatus, Strategy, WindowState};
 use crate::resources::phase::WindowPhase;
 
@@ -75,19 +75,39 @@ pub async fn close(
     opts: &CloseOptions,
     out: &mut Progress,
 ) -> Result<Vec<Restored>> {
-    let mut k = Closer {
+    let k = Closer {
         clusters,
         opts,
         windows: read_windows(clusters, &opts.name).await?,
         status: vec![None; clusters.len()],
         restored: Vec::new(),
     };
-    let seen: Vec<Seen> = k.windows.iter().map(|w| Seen::of(w.as_ref())).collect();
-    let mut run = CloseRun::default();
-    loop {
-        let step = next_close(&opts.name, &seen, &run);
-        out.step(Of::WindowClose, step.name());
-        match &step {
+    let planner = ClosePlanner {
+        window: opts.name.clone(),
+        seen: k.windows.iter().map(|w| Seen::of(w.as_ref())).collect(),
+    };
+    let mut x = CloseRunner { k, out };
+    runner::run(&planner, &mut x, Publish::Nested).await?;
+    Ok(x.k.restored)
+}
+
+/// A `Closer` with where it says what it does, for the runner.
+struct CloseRunner<'a, 'o> {
+    k: Closer<'a>,
+    out: &'o mut Progress,
+}
+
+impl Performer<ClosePlanner> for CloseRunner<'_, '_> {
+    type Error = WindowError;
+
+    async fn read(&mut self, _: &ClosePlanner, _: &CloseRun) -> Result<()> {
+        Ok(())
+    }
+
+    async fn perform(&mut self, step: &CloseStep, _: &()) -> Result<CloseFound> {
+        let (k, out) = (&mut self.k, &mut *self.out);
+        let (clusters, opts) = (k.clusters, k.opts);
+        match step {
             CloseStep::Refuse { cluster, message } => {
                 return Err(WindowError::Refused {
                     cluster: match cluster {
@@ -106,7 +126,7 @@ pub async fn close(
             CloseStep::RecordClosed(i) => k.record_closed(*i).await?,
             CloseStep::ReleaseOrphans(i) => match close_deleted(&clusters[*i], opts, out).await? {
                 Some(restored) => k.restored.extend(restored),
-                None => run.nothing_here.push(*i),
+                None => return Ok(CloseFound::NothingHere),
             },
             CloseStep::Done => {
                 if opts.uninstall {
@@ -114,10 +134,13 @@ pub async fn close(
                         say_removed(c, &opts.name, out).await?;
                     }
                 }
-                return Ok(k.restored);
             }
         }
-        run.performed.push(step);
+        Ok(CloseFound::Did)
+    }
+
+    fn progress(&mut self) -> &mut Progress {
+        self.out
     }
 }
 

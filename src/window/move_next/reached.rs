@@ -3,8 +3,9 @@
 //! and a restore cannot have brought the source back before the target. `Run`'s fifteen
 //! fields could say all of these; a `Reached` cannot.
 
-use super::{Outcome, Step};
+use super::{Because, Found, Outcome, Step};
 use crate::window::move_plan::{BlockMoveOn, Start};
+use crate::window::planner::{ExitStatus, Interrupt};
 
 /// What this run has done: nothing yet, or begun on one namespace along one path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -49,6 +50,8 @@ impl Begun {
 pub enum Path {
     /// From the checks to clusterctl's start.
     Move(MoveAt),
+    /// While clusterctl runs.
+    Clusterctl(Span),
     /// clusterctl exited, or handoff stopped once the block-move could be on: lifted next.
     Ended(Outcome),
     /// clusterctl failed or handoff stopped, the block-move lifted: recorded next, and the end.
@@ -73,6 +76,57 @@ pub enum MoveAt {
     /// Proven before clusterctl starts: only where the source is stopped already.
     TargetProven(BlockMoveOn),
     Held,
+}
+
+/// clusterctl's run: where it is, and what the run knows of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    pub at: SpanAt,
+    /// clusterctl may copy: the source stopped and proven, the block-move lifted (or the
+    /// source stopped before clusterctl started).
+    pub copying: bool,
+    /// Why handoff stopped clusterctl, where it did: the run's outcome, whatever clusterctl
+    /// exits with.
+    pub stopped: Option<String>,
+    /// A signal handoff caught was passed on to clusterctl.
+    pub interrupted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpanAt {
+    /// Started; the source's pause awaited (or, where the source is stopped, its end).
+    Started,
+    /// clusterctl paused these source Clusters: the source is stopped next.
+    Paused(Vec<String>),
+    /// Copying: its end awaited.
+    Copying,
+    /// This signal is to be passed on, for this reason.
+    Signalling(i32, Because),
+    /// Signalled: its end awaited.
+    Signalled,
+    /// It ended.
+    Exited(ExitStatus),
+}
+
+impl Span {
+    /// How clusterctl's part ended, once it exited.
+    fn outcome(&self, status: &ExitStatus) -> Outcome {
+        match (&self.stopped, status.code) {
+            (Some(why), _) => Outcome::Stopped(format!("handoff move stopped: {why}")),
+            (None, Some(0)) => Outcome::Moved,
+            (None, code) => Outcome::Exited {
+                exit: code.unwrap_or(-1),
+                what: format!(
+                    "clusterctl move exited {}{}",
+                    status.describe(),
+                    match self.interrupted {
+                        true => " (handoff was interrupted and passed the signal on)",
+                        false => "",
+                    }
+                ),
+            },
+        }
+    }
 }
 
 /// A restore's position, in order; an optional step (an unpause) is skipped by going past it.
@@ -113,6 +167,54 @@ impl Reached {
         }
     }
 
+    /// The source could not be stopped: clusterctl is stopped before it copies anything, and
+    /// that is the run's outcome.
+    pub fn source_not_stopped(&mut self, why: String) {
+        if let Some(span) = self.span() {
+            span.at = SpanAt::Signalling(libc::SIGTERM, Because::Stopped(why.clone()));
+            span.stopped = Some(why);
+        }
+    }
+
+    /// A signal (where they are delivered) or clusterctl's end, between steps or cutting one.
+    /// Before clusterctl starts, a signal stops the move (the block-move is on: lifted next).
+    pub fn interrupted(&mut self, i: Interrupt) {
+        if let (Some(Begun { path, .. }), Interrupt::Signal(sig)) = (self.begun(), &i)
+            && *path == Path::Move(MoveAt::Held)
+        {
+            self.ended(Outcome::Stopped(format!(
+                "handoff move stopped: source: interrupted (signal {sig}) before clusterctl started"
+            )));
+            return;
+        }
+        let Some(span) = self.span() else {
+            return;
+        };
+        match i {
+            Interrupt::Exited(status) => span.at = SpanAt::Exited(status),
+            // Gone: nothing to pass it on to.
+            Interrupt::Signal(_) if matches!(span.at, SpanAt::Exited(_)) => {}
+            Interrupt::Signal(sig) => {
+                span.at = SpanAt::Signalling(
+                    sig,
+                    Because::Interrupted {
+                        copying: span.copying,
+                    },
+                )
+            }
+        }
+    }
+
+    fn span(&mut self) -> Option<&mut Span> {
+        match self {
+            Reached::Begun(Begun {
+                path: Path::Clusterctl(span),
+                ..
+            }) => Some(span),
+            _ => None,
+        }
+    }
+
     /// clusterctl's part over: what it did, or why handoff stopped (a step from the block-move
     /// on failed: `Step::fails_into_outcome`).
     pub fn ended(&mut self, outcome: Outcome) {
@@ -124,21 +226,27 @@ impl Reached {
 
     /// Where this run is once `step` was performed. A step `next` does not give from here is
     /// the planner's bug, and stops the run at once rather than record a position it is not at.
-    pub fn performed(&mut self, step: &Step) {
+    pub fn performed(&mut self, step: &Step, found: Found) {
         if let Step::Begin(b) = step {
             *self = Reached::Begun(b.clone());
             return;
         }
-        if matches!(
-            step,
-            Step::Refuse { .. } | Step::RunClusterctl { .. } | Step::Fail(_) | Step::Done
-        ) {
+        if matches!(step, Step::Refuse { .. } | Step::Fail(_) | Step::Done) {
             return;
         }
         let Reached::Begun(b) = self else {
             panic!("the move's planner: {step:?} performed before the run began");
         };
         let at = match (&b.path, step) {
+            (Path::Move(MoveAt::Held), Step::StartClusterctl { watch_pause }) => {
+                Path::Clusterctl(Span {
+                    at: SpanAt::Started,
+                    copying: !watch_pause,
+                    stopped: None,
+                    interrupted: false,
+                })
+            }
+            (Path::Clusterctl(span), step) => span_after(span, step, found),
             (Path::Move(MoveAt::Begun), Step::Check) => Path::Move(MoveAt::Checked),
             (Path::Move(MoveAt::Checked), Step::PutSourceBack | Step::KeepSourceStopped) => {
                 Path::Move(MoveAt::SourcePrepared)
@@ -164,6 +272,31 @@ impl Reached {
         };
         b.path = at;
     }
+}
+
+/// Where clusterctl's run is after `step`.
+fn span_after(span: &Span, step: &Step, found: Found) -> Path {
+    let mut span = span.clone();
+    match (&span.at, step, found) {
+        (SpanAt::Started, Step::AwaitPause, Found::SourcePaused(keys)) => {
+            span.at = SpanAt::Paused(keys)
+        }
+        (SpanAt::Paused(_), Step::StopSource { .. }, _) => {
+            span.at = SpanAt::Copying;
+            span.copying = true;
+        }
+        (SpanAt::Signalling(_, because), Step::SignalClusterctl { .. }, _) => {
+            span.interrupted |= matches!(because, Because::Interrupted { .. });
+            span.at = SpanAt::Signalled;
+        }
+        (SpanAt::Exited(status), Step::ClusterctlExited { .. }, _) => {
+            return Path::Ended(span.outcome(status));
+        }
+        (at, step, found) => panic!(
+            "the move's planner: {step:?} performed (found {found:?}) at {at:?}, which it never follows"
+        ),
+    }
+    Path::Clusterctl(span)
 }
 
 /// The restore's position `step` reaches.

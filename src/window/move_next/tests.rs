@@ -1,5 +1,7 @@
 use super::*;
 use crate::resources::phase::MovePhase;
+use crate::window::declare::StepName as _;
+use crate::window::planner::{Catch, ExitStatus, Interrupt, Observation, Planner, Verdict};
 use MoveRole::{Source, Target};
 
 const NS: &str = "clusters";
@@ -90,40 +92,63 @@ fn world(step: &Step, seen: &mut World) {
     }
 }
 
-/// The steps the driver would take, each performed as it succeeds, clusterctl ending with
-/// `outcome` and `failing` failing as it is performed; the planner sees only what it asked
-/// to read.
+fn status(code: i32) -> ExitStatus {
+    ExitStatus {
+        code: Some(code),
+        signal: None,
+    }
+}
+
+/// The steps the runner would take with this planner, each performed as it succeeds,
+/// clusterctl pausing the source's Clusters and exiting with `exit`, and `failing` failing as
+/// it is performed; the planner sees only what it asked to read.
 fn walk(
     asked: &Asked,
     record: Option<&MoveRecord>,
     seen: &World,
-    outcome: Outcome,
+    exit: i32,
     failing: Option<StepName>,
 ) -> Vec<Step> {
+    let planner = MovePlanner {
+        asked: asked.clone(),
+    };
     let mut seen = seen.clone();
     let mut reached = Reached::default();
     let mut steps = Vec::new();
-    while steps.len() < 30 {
+    while steps.len() < 40 {
         let reads = reads(asked, record, &reached);
-        let step = next(asked, record, &observed(&seen, &reads), &reached);
+        let read = Read {
+            record: record.cloned(),
+            seen: observed(&seen, &reads),
+            reads,
+        };
+        let step = planner.next(&read, &reached);
         steps.push(step.clone());
-        match &step {
-            Step::Refuse { .. } | Step::Fail(_) | Step::Done => return steps,
-            _ if failing == Some(step.name()) => {
-                assert!(step.fails_into_outcome(), "{step:?} ends the run");
-                reached.ended(Outcome::Stopped(format!("{step:?} failed")));
-                continue;
-            }
-            Step::RunClusterctl { .. } => reached.ended(outcome.clone()),
-            _ => reached.performed(&step),
+        if matches!(step, Step::Refuse { .. } | Step::Fail(_) | Step::Done) {
+            return steps;
         }
+        let failed = format!("{:?} failed", step.name());
+        let o = match &step {
+            _ if failing == Some(step.name()) => Observation::Failed(&failed),
+            Step::AwaitPause => Observation::Done(Found::SourcePaused(
+                seen.source.iter().map(|c| c.key.clone()).collect(),
+            )),
+            // Only its end ends it: the runner cuts the wait.
+            Step::AwaitClusterctl => Observation::Cut(Interrupt::Exited(status(exit))),
+            _ => Observation::Done(Found::Nothing),
+        };
+        assert_eq!(
+            planner.observe(&mut reached, &step, o),
+            Verdict::GoOn,
+            "{step:?}"
+        );
         world(&step, &mut seen);
     }
     panic!("no end after {steps:?}");
 }
 
 fn moved(asked: &Asked, record: Option<&MoveRecord>, seen: &World) -> Vec<Step> {
-    walk(asked, record, seen, Outcome::Moved, None)
+    walk(asked, record, seen, 0, None)
 }
 
 fn restore_then_finish() -> Vec<Step> {
@@ -154,9 +179,22 @@ fn hold() -> Step {
     }
 }
 
-const RUN_CLUSTERCTL: Step = Step::RunClusterctl {
-    source_stopped: false,
-};
+/// clusterctl's run while the source runs: started, the source stopped once it paused
+/// `clusters/a`, its end awaited.
+fn clusterctl_ran(exit: i32) -> Vec<Step> {
+    vec![
+        Step::StartClusterctl { watch_pause: true },
+        Step::AwaitPause,
+        Step::StopSource {
+            paused: vec![format!("{NS}/a")],
+        },
+        Step::AwaitClusterctl,
+        Step::ClusterctlExited {
+            status: status(exit),
+            unheld: false,
+        },
+    ]
+}
 
 fn refused(steps: &[Step]) -> (MoveRole, &str) {
     match steps.last() {
@@ -172,9 +210,9 @@ fn a_new_move_stops_the_target_holds_clusterctl_and_restores_the_target_first() 
         Step::Check,
         stop_target(Start::Fresh),
         hold(),
-        RUN_CLUSTERCTL,
-        Step::Lift { warn: true },
     ];
+    want.extend(clusterctl_ran(0));
+    want.push(Step::Lift { warn: true });
     want.extend(restore_then_finish());
     assert_eq!(moved(&asked(false), None, &before()), want);
     // A record of a move that ended is no move.
@@ -186,43 +224,59 @@ fn a_new_move_stops_the_target_holds_clusterctl_and_restores_the_target_first() 
 
 #[test]
 fn every_way_out_after_the_block_move_lifts_it_then_records_the_failure() {
-    let exited = Outcome::Exited {
-        exit: 1,
-        what: "clusterctl move exited 1".into(),
-    };
-    let steps = walk(&asked(false), None, &before(), exited.clone(), None);
-    assert_eq!(
-        steps[steps.len() - 3..],
-        [
-            RUN_CLUSTERCTL,
-            Step::Lift { warn: true },
-            Step::Fail(exited)
-        ]
-    );
-    // handoff's own failure while it puts the block-move on: clusterctl never runs.
+    let steps = walk(&asked(false), None, &before(), 1, None);
+    let mut want = clusterctl_ran(1);
+    want.extend([
+        Step::Lift { warn: true },
+        Step::Fail(Outcome::Exited {
+            exit: 1,
+            what: "clusterctl move exited with exit code 1".into(),
+        }),
+    ]);
+    assert_eq!(steps[steps.len() - want.len()..], want);
+    // handoff's own failure while it puts the block-move on, or starts clusterctl: clusterctl
+    // never runs.
+    for failing in [StepName::Hold, StepName::StartClusterctl] {
+        let steps = walk(&asked(false), None, &before(), 0, Some(failing));
+        assert_eq!(
+            steps[steps.len() - 2..],
+            [
+                Step::Lift { warn: true },
+                Step::Fail(Outcome::Stopped(format!(
+                    "handoff move stopped: {failing:?} failed"
+                )))
+            ]
+        );
+        assert_eq!(steps[steps.len() - 3].name(), failing);
+    }
+    // The source could not be stopped: clusterctl is stopped before it copies anything, and
+    // that is the outcome, whatever it exits with.
     let steps = walk(
         &asked(false),
         None,
         &before(),
-        Outcome::Moved,
-        Some(StepName::Hold),
+        143,
+        Some(StepName::StopSource),
     );
+    let from = steps.iter().position(|s| *s == Step::AwaitPause).unwrap();
     assert_eq!(
-        steps[steps.len() - 3..],
+        steps[from + 2..],
         [
-            hold(),
+            Step::SignalClusterctl {
+                signal: libc::SIGTERM,
+                because: Because::Stopped("StopSource failed".into()),
+            },
+            Step::AwaitClusterctl,
+            Step::ClusterctlExited {
+                status: status(143),
+                unheld: false,
+            },
             Step::Lift { warn: true },
-            Step::Fail(Outcome::Stopped(format!("{:?} failed", hold())))
+            Step::Fail(Outcome::Stopped(
+                "handoff move stopped: StopSource failed".into()
+            )),
         ]
     );
-    let steps = walk(
-        &asked(false),
-        None,
-        &before(),
-        Outcome::Moved,
-        Some(StepName::RunClusterctl),
-    );
-    assert_eq!(steps.last().map(Step::name), Some(StepName::Fail));
     assert!(!steps.contains(&Step::Copied), "{steps:?}");
 }
 
@@ -301,8 +355,12 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
         Step::Hold {
             block_move: BlockMoveOn::default(),
         },
-        Step::RunClusterctl {
-            source_stopped: true,
+        // Stopped already: no pause to wait for, nothing to stop.
+        Step::StartClusterctl { watch_pause: false },
+        Step::AwaitClusterctl,
+        Step::ClusterctlExited {
+            status: status(0),
+            unheld: false,
         },
         Step::Lift { warn: true },
     ];
@@ -534,7 +592,7 @@ fn a_step_the_planner_never_gives_from_where_the_run_is_stops_it() {
         let was = reached.clone();
         let panicked = std::panic::catch_unwind(move || {
             let mut r = reached;
-            r.performed(&step);
+            r.performed(&step, Found::Nothing);
         });
         assert!(panicked.is_err(), "{was:?}");
     }
@@ -882,5 +940,207 @@ fn a_move_recorded_done_and_done_indeed_only_removes_what_it_brought() {
     assert_eq!(
         moved(&asked(false), Some(&empty), &after)[0],
         began(Start::Fresh)
+    );
+}
+
+/// A fresh move driven as the runner would, each step answered by `answer` (`None`: done,
+/// finding nothing), and `between` handed over after the step it names: the steps it took.
+fn driven(
+    answer: impl Fn(&Step) -> Option<Observation<'static, Found>>,
+    between: impl Fn(&Step) -> Option<Interrupt>,
+) -> Vec<Step> {
+    let planner = MovePlanner {
+        asked: asked(false),
+    };
+    let world = before();
+    let mut reached = Reached::default();
+    let mut steps = Vec::new();
+    while steps.len() < 40 {
+        let reads = reads(&planner.asked, None, &reached);
+        let read = Read {
+            record: None,
+            seen: observed(&world, &reads),
+            reads,
+        };
+        let step = planner.next(&read, &reached);
+        steps.push(step.clone());
+        if matches!(step, Step::Fail(_) | Step::Done | Step::Refuse { .. }) {
+            return steps;
+        }
+        let o = answer(&step).unwrap_or(match step {
+            Step::AwaitPause => Observation::Done(Found::SourcePaused(vec![format!("{NS}/a")])),
+            _ => Observation::Done(Found::Nothing),
+        });
+        assert_eq!(planner.observe(&mut reached, &step, o), Verdict::GoOn);
+        if let Some(i) = between(&step) {
+            planner.interrupted(&mut reached, i);
+        }
+    }
+    panic!("no end after {steps:?}");
+}
+
+fn after(steps: &[Step], name: StepName) -> &[Step] {
+    let i = steps.iter().position(|s| s.name() == name).unwrap();
+    &steps[i + 1..]
+}
+
+#[test]
+fn a_signal_before_clusterctl_starts_stops_the_move_and_during_its_run_goes_to_clusterctl() {
+    // Caught while the target is taken (held), delivered once the block-move is on: clusterctl
+    // never starts.
+    let steps = driven(
+        |_| None,
+        |s| matches!(s, Step::Hold { .. }).then_some(Interrupt::Signal(libc::SIGINT)),
+    );
+    assert_eq!(
+        after(&steps, StepName::Hold),
+        [
+            Step::Lift { warn: true },
+            Step::Fail(Outcome::Stopped(
+                "handoff move stopped: source: interrupted (signal 2) before clusterctl started"
+                    .into()
+            ))
+        ]
+    );
+    // While clusterctl waits on the pause, or while the source is stopped: passed on at once,
+    // and the way out after clusterctl's end.
+    for cut in [StepName::AwaitPause, StepName::StopSource] {
+        let steps = driven(
+            |s| match (s.name() == cut, s) {
+                (true, _) => Some(Observation::Cut(Interrupt::Signal(libc::SIGINT))),
+                (false, Step::AwaitClusterctl) => {
+                    Some(Observation::Cut(Interrupt::Exited(status(130))))
+                }
+                _ => None,
+            },
+            |_| None,
+        );
+        assert_eq!(
+            after(&steps, cut),
+            [
+                Step::SignalClusterctl {
+                    signal: libc::SIGINT,
+                    because: Because::Interrupted { copying: false },
+                },
+                Step::AwaitClusterctl,
+                Step::ClusterctlExited {
+                    status: status(130),
+                    unheld: false,
+                },
+                Step::Lift { warn: true },
+                Step::Fail(Outcome::Exited {
+                    exit: 130,
+                    what: "clusterctl move exited with exit code 130 (handoff was interrupted and passed the signal on)".into(),
+                }),
+            ],
+            "{cut:?}"
+        );
+    }
+}
+
+#[test]
+fn clusterctl_ending_while_the_source_is_stopped_is_acted_on_at_once() {
+    let steps = driven(
+        |s| {
+            matches!(s, Step::StopSource { .. })
+                .then_some(Observation::Cut(Interrupt::Exited(status(1))))
+        },
+        |_| None,
+    );
+    assert_eq!(
+        after(&steps, StepName::StopSource),
+        [
+            Step::ClusterctlExited {
+                status: status(1),
+                unheld: false,
+            },
+            Step::Lift { warn: true },
+            Step::Fail(Outcome::Exited {
+                exit: 1,
+                what: "clusterctl move exited with exit code 1".into(),
+            }),
+        ]
+    );
+    // Exiting 0 before handoff let it copy: it did not wait for the block-move; said, and
+    // the move goes on to the restore.
+    let steps = driven(
+        |s| matches!(s, Step::AwaitPause).then_some(Observation::Cut(Interrupt::Exited(status(0)))),
+        |_| None,
+    );
+    assert_eq!(
+        after(&steps, StepName::AwaitPause)[..3],
+        [
+            Step::ClusterctlExited {
+                status: status(0),
+                unheld: true,
+            },
+            Step::Lift { warn: true },
+            Step::Copied,
+        ]
+    );
+}
+
+#[test]
+fn signals_are_held_from_the_checks_go_to_clusterctl_while_it_runs_then_end_handoff() {
+    let planner = MovePlanner {
+        asked: asked(false),
+    };
+    let catch = |path: Path| planner.catch(&at(Start::Fresh, path));
+    assert_eq!(planner.catch(&Reached::New), Catch::Default);
+    assert_eq!(catch(Path::Move(MoveAt::Begun)), Catch::Default);
+    for held in [
+        MoveAt::Checked,
+        MoveAt::SourcePrepared,
+        MoveAt::TargetTaken(BlockMoveOn::default()),
+        MoveAt::TargetProven(BlockMoveOn::default()),
+    ] {
+        assert_eq!(catch(Path::Move(held)), Catch::Hold);
+    }
+    assert_eq!(catch(Path::Move(MoveAt::Held)), Catch::Deliver);
+    let span = Span {
+        at: SpanAt::Started,
+        copying: false,
+        stopped: None,
+        interrupted: false,
+    };
+    assert_eq!(catch(Path::Clusterctl(span)), Catch::Deliver);
+    for after in [
+        Path::Ended(Outcome::Moved),
+        Path::Failing(Outcome::Moved),
+        Path::Finish(FinishAt::Begun),
+        Path::Abort(AbortAt::Begun),
+        Path::Tidy { uninstalled: false },
+    ] {
+        assert_eq!(catch(after), Catch::Default);
+    }
+    // Only the waits and the source's stop may be cut: every step of a move, its abort and
+    // its failure, as the walks give them.
+    let mut all = moved(&asked(false), None, &before());
+    all.extend(walk(
+        &asked(false),
+        None,
+        &before(),
+        1,
+        Some(StepName::StopSource),
+    ));
+    all.extend(moved(
+        &asked(true),
+        Some(&record(MovePhase::Moving, None)),
+        &before(),
+    ));
+    let mut cut: Vec<StepName> = all
+        .iter()
+        .filter(|s| MovePlanner::cuttable(s))
+        .map(Step::name)
+        .collect();
+    cut.sort_by_key(|n| n.as_str());
+    cut.dedup();
+    assert_eq!(
+        cut,
+        [
+            StepName::AwaitClusterctl,
+            StepName::AwaitPause,
+            StepName::StopSource
+        ]
     );
 }

@@ -7,15 +7,16 @@ use crate::window::progress::{Format, Progress};
 use serde_json::json;
 use tokio::time::Instant;
 
+use super::super::child::{Child, ExitStatus};
 use super::super::common::{Cluster, Result, WindowError};
+use super::super::move_next::Because;
 use super::super::move_plan::{self, BLOCK_MOVE, ClusterctlFlags};
 use super::super::open::{OpenOptions, Taken, first_taken, plan_open, prove, take};
-use super::child::{Child, ExitStatus, Signals};
 use super::cluster_api::{
     self, CLUSTER_CLASSES, CLUSTERS, classes_in, clusters_in, every_cluster, scan,
 };
 use super::pause_watch::PauseWatch;
-use super::{MoveOptions, note, phase};
+use super::{MoveOptions, Mover, note, phase};
 use crate::resources::phase::MovePhase;
 
 /// Remove handoff's block-move from every Cluster of `ns` that carries it (and only
@@ -75,13 +76,6 @@ pub fn render_args(f: &ClusterctlFlags) -> String {
         .join(" ")
 }
 
-pub struct Ran {
-    pub status: ExitStatus,
-    pub interrupted: bool,
-    /// When the source was proven stopped and handoff lifted its block-move.
-    pub source_stopped: Option<Instant>,
-}
-
 /// Stop the source's controllers, and prove them stopped together with the target's (taken
 /// before clusterctl started): the later of the two bounds, each Lease still the window's,
 /// each Lease-stopped controller serving. Then record that clusterctl may copy; the lift of
@@ -120,99 +114,119 @@ async fn stop_source(
     note(target, window, |m| m.phase = MovePhase::Copying).await
 }
 
-/// Run clusterctl to its end. Meanwhile: once clusterctl has paused the source and the
-/// providers have lifted their block-move, stop the source's controllers (proven), then lift
-/// handoff's block-move so that clusterctl copies. SIGINT and SIGTERM go to clusterctl first,
-/// also while the source is being stopped (then handoff's block-move stays until clusterctl
-/// has stopped, so nothing is copied).
-/// How the source's controllers are stopped while clusterctl runs.
-pub enum SourceStop<'a> {
-    /// Stopped already (a re-run after clusterctl had begun deleting), and the target proven.
-    Already,
-    /// Once clusterctl has paused the source: taken with these options, and proven together
-    /// with the target's (taken, not yet proven).
-    AfterPause {
-        opts: &'a OpenOptions,
-        target: Vec<Taken>,
-    },
-}
+impl Mover<'_> {
+    /// clusterctl started, its pause watched from before (`StartClusterctl`); the child goes
+    /// to the runner (`Performer::started`), which waits on its end from now on.
+    pub(super) async fn start_clusterctl(&mut self, watch_pause: bool, ns: &str) -> Result<()> {
+        let opts = self.opts;
+        self.clusterctl_started = Some(phase(
+            self.out,
+            &format!(
+                "running {} {}",
+                opts.clusterctl.display(),
+                render_args(&opts.flags)
+            ),
+        ));
+        // Watched from before clusterctl starts, so that its pause is seen as it is written.
+        self.pauses = match watch_pause {
+            true => Some(PauseWatch::start(self.source, ns).await?),
+            false => None,
+        };
+        let child = spawn(opts, self.source, self.out)?;
+        self.clusterctl_pid = child.pid();
+        self.clusterctl = Some(child);
+        Ok(())
+    }
 
-pub async fn run_clusterctl(
-    source: &Cluster,
-    target: &Cluster,
-    stop: SourceStop<'_>,
-    ns: &str,
-    opts: &MoveOptions,
-    signals: &mut Signals,
-    out: &mut Progress,
-) -> Result<Ran> {
-    let (source_opts, mut target_taken) = match stop {
-        SourceStop::Already => (None, None),
-        SourceStop::AfterPause { opts, target } => (Some(opts), Some(target)),
-    };
-    // Watched from before clusterctl starts, so that its pause is seen as it is written.
-    let pauses = match source_opts {
-        Some(_) => Some(PauseWatch::start(source, ns).await?),
-        None => None,
-    };
-    let mut child = spawn(opts, source, out)?;
-    let mut interrupted = false;
-    let mut source_stopped = source_opts.is_none().then(Instant::now);
-    let mut waiting = Waited::default();
-    // Reads the watch's view (no request); the objects' block-moves are listed at most once a
-    // `poll`, and only once every Cluster is paused.
-    let mut tick = tokio::time::interval(PAUSE_TICK.min(opts.poll));
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status,
-            sig = signals.next() => {
-                interrupted = true;
-                let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
-                out.say(format!("handoff move: interrupted; passing {name} to clusterctl and waiting for it to stop"));
-                child.signal(sig);
-            }
-            _ = tick.tick(), if source_stopped.is_none() && !interrupted => {
-                let Some(pauses) = &pauses else { continue };
-                let Some(paused) = source_paused(source, pauses, ns, opts, &mut waiting, out).await else {
-                    continue;
-                };
-                let stopped = tokio::select! {
-                    r = stop_source(source, target, source_opts.expect("stopped after the pause"), target_taken.take().unwrap_or_default(), &opts.window, &paused, out) => Some(r),
-                    sig = signals.next() => {
-                        interrupted = true;
-                        child.signal(sig);
-                        None
-                    }
-                };
-                match stopped {
-                    // Interrupted: clusterctl stops; handoff's block-move holds it meanwhile.
-                    None => {
-                        out.say("handoff move: interrupted while stopping the source; passed the signal to clusterctl, which copies nothing");
-                    }
-                    Some(Ok(())) => {
-                        let_clusterctl_copy(source, target, ns, opts, out).await;
-                        source_stopped = Some(Instant::now());
-                    }
-                    // The source could not be stopped: clusterctl must not copy with its
-                    // controllers running, and handoff's block-move still holds it.
-                    Some(Err(e)) => {
-                        out.say(format!("handoff move: {e}; stopping clusterctl before it copies anything"));
-                        child.stop().await;
-                        return Err(e);
-                    }
-                }
+    /// Until clusterctl has paused every source Cluster and the providers lifted their
+    /// block-moves (`AwaitPause`): the paused Clusters.
+    pub(super) async fn await_pause(&mut self, ns: &str) -> Result<Vec<String>> {
+        let Some(pauses) = &self.pauses else {
+            panic!("the move's planner: AwaitPause without StartClusterctl's watch");
+        };
+        // Reads the watch's view (no request); the objects' block-moves are listed at most
+        // once a `poll`, and only once every Cluster is paused.
+        let mut tick = tokio::time::interval(PAUSE_TICK.min(self.opts.poll));
+        loop {
+            tick.tick().await;
+            if let Some(paused) = source_paused(
+                self.source,
+                pauses,
+                ns,
+                self.opts,
+                &mut self.waited,
+                self.out,
+            )
+            .await
+            {
+                return Ok(paused);
             }
         }
-    };
-    let status = status.map_err(|e| WindowError::Refused {
-        cluster: source.label.clone(),
-        message: format!("waiting for clusterctl: {e}"),
-    })?;
-    Ok(Ran {
-        status,
-        interrupted,
-        source_stopped,
-    })
+    }
+
+    /// The source stopped and proven with the target, `Copying` recorded, the block-move
+    /// lifted (`StopSource`).
+    pub(super) async fn stop_source(&mut self, paused: &[String], ns: &str) -> Result<()> {
+        let target_taken = std::mem::take(&mut self.target_taken);
+        let (source, target, opts) = (self.source, self.target, self.opts);
+        stop_source(
+            source,
+            target,
+            &self.source_opts,
+            target_taken,
+            &opts.window,
+            paused,
+            self.out,
+        )
+        .await?;
+        let_clusterctl_copy(source, target, ns, opts, self.out).await;
+        Ok(())
+    }
+
+    /// Pass `signal` on to clusterctl, saying why (`SignalClusterctl`).
+    pub(super) fn signal_clusterctl(&mut self, signal: i32, because: &Because) {
+        match because {
+            Because::Interrupted { copying } => {
+                let name = if signal == libc::SIGINT {
+                    "SIGINT"
+                } else {
+                    "SIGTERM"
+                };
+                let held = match copying {
+                    true => "",
+                    false => " (it copies nothing: handoff's block-move holds it)",
+                };
+                self.out.say(format!("handoff move: interrupted; passing {name} to clusterctl and waiting for it to stop{held}"));
+            }
+            Because::Stopped(why) => {
+                self.out.say(format!(
+                    "handoff move: {why}; stopping clusterctl before it copies anything"
+                ));
+            }
+        }
+        if let Some(pid) = self.clusterctl_pid {
+            // SAFETY: kill(2) on our own child's pid, with a plain signal number. The runner
+            // reaps it only by waiting on it, and a step is performed before that wait is
+            // polled again: the pid is still clusterctl's (at worst a zombie's).
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
+    /// How clusterctl ended (`ClusterctlExited`).
+    pub(super) fn clusterctl_exited(&mut self, status: &ExitStatus, unheld: bool) {
+        self.clusterctl_pid = None;
+        self.pauses = None;
+        let said = format!("clusterctl exited {}", status.describe());
+        match self.clusterctl_started.take() {
+            Some(p) => p.done(self.out, &said),
+            None => self.out.say(format!("handoff move: {said}")),
+        }
+        if unheld {
+            self.out.warn("clusterctl finished without waiting for handoff's block-move (does this clusterctl honour clusterctl.cluster.x-k8s.io/block-move?): neither cluster's controllers were proven stopped before the copy");
+        }
+    }
 }
 
 /// How often the watched Clusters are looked at while clusterctl runs (in memory).
@@ -220,7 +234,7 @@ const PAUSE_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What `source_paused` said last, and when it last listed the objects' block-moves.
 #[derive(Default)]
-struct Waited {
+pub(super) struct Waited {
     said: Option<move_plan::Waiting>,
     scanned: Option<Instant>,
     /// When the Clusters were last listed, where the watch failed.

@@ -8,13 +8,13 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::Instant;
 
+use super::super::child::Child;
 use super::super::close::{CloseOptions, close, say_removed};
 use super::super::common::{Cluster, Result, WindowError, now, read_window, record};
 use super::super::directory_plan::{self, Direction, DirectoryFlags, DirectoryStep, Then};
 use super::super::open::{OpenOptions, check, open, window_at_least_closed};
 use super::super::progress::{Format, Progress};
 use super::super::user_agent::StepLabel;
-use super::child::Child;
 use super::cluster_api::{CLUSTERS, clusters_in, patch, scan};
 use crate::resources::move_window::MoveRecord;
 use crate::resources::phase::MovePhase;

@@ -3,7 +3,6 @@
 //! step; this file is the driver (read, ask, perform, come back) and `steps` performs them, one
 //! function each; `clusterctl` runs clusterctl, `restore` brings the controllers back.
 
-mod child;
 mod cluster_api;
 mod clusterctl;
 mod directory;
@@ -21,15 +20,19 @@ use tokio::time::Instant;
 
 use super::close::{CloseOptions, Restored};
 use super::common::{Cluster, Result, WindowError, read_window, record};
-use super::declare::Of;
-use super::move_next::{self, Asked, Observed, Outcome, Reached, Reads, Seen, Step};
+
+use super::child::Child;
+use super::move_next::{
+    self, Asked, Found, MovePlanner, Observed, Reached, Read, Reads, Seen, Step,
+};
 use super::move_plan::{self, ClusterctlFlags};
 use super::open::{OpenOptions, Taken};
+use super::runner::{self, Performer, Publish};
 use super::user_agent::StepLabel;
 use crate::resources::move_window::{MoveRecord, MoveRole};
-use child::Signals;
 use cluster_api::{classes_in, clusters_in, every_cluster, scan, secrets_in};
 use clusterctl::dry_run;
+use pause_watch::PauseWatch;
 
 /// How often the source is read while clusterctl waits on handoff's block-move.
 pub const MOVE_POLL: Duration = Duration::from_secs(1);
@@ -143,8 +146,14 @@ struct Mover<'a> {
     /// How each cluster's window is opened (its reason names the move).
     source_opts: OpenOptions,
     target_opts: OpenOptions,
-    /// SIGINT and SIGTERM, caught from the checks until clusterctl has exited.
-    signals: Option<Signals>,
+    /// clusterctl, from its start until the runner takes it to wait on; its pid, to pass a
+    /// signal on; the timed line its start opened.
+    clusterctl: Option<Child>,
+    clusterctl_pid: Option<i32>,
+    clusterctl_started: Option<Phase>,
+    /// The source's Clusters, watched from before clusterctl starts, for its pause.
+    pauses: Option<PauseWatch>,
+    waited: clusterctl::Waited,
     /// The target's controllers, taken and not yet proven (the source's stop proves them).
     target_taken: Vec<Taken>,
     restored: Vec<Restored>,
@@ -194,6 +203,39 @@ impl Mover<'_> {
     }
 }
 
+impl Performer<MovePlanner> for Mover<'_> {
+    type Error = WindowError;
+
+    /// The target's record, then what `move_next::reads` asks for given it.
+    async fn read(&mut self, p: &MovePlanner, reached: &Reached) -> Result<Read> {
+        let record = read_record(self.target, &self.opts.window).await?;
+        let reads = move_next::reads(&p.asked, record.as_ref(), reached);
+        let seen = self.observe(&reads, record.as_ref()).await?;
+        Ok(Read {
+            record,
+            reads,
+            seen,
+        })
+    }
+
+    async fn perform(&mut self, step: &Step, read: &Read) -> Result<Found> {
+        let Read {
+            record,
+            reads,
+            seen,
+        } = read;
+        Mover::perform(self, step, record.as_ref(), seen, &reads.namespace).await
+    }
+
+    fn progress(&mut self) -> &mut Progress {
+        self.out
+    }
+
+    fn started(&mut self) -> Option<Child> {
+        self.clusterctl.take()
+    }
+}
+
 /// Run the whole move, or resume it, or abort it: read, ask `move_next::next`, perform the
 /// one step, and again, until it says done.
 pub async fn run(
@@ -223,31 +265,21 @@ pub async fn run(
         opts,
         source_opts: reason("source"),
         target_opts: reason("target"),
-        signals: None,
+        clusterctl: None,
+        clusterctl_pid: None,
+        clusterctl_started: None,
+        pauses: None,
+        waited: Default::default(),
         target_taken: Vec::new(),
         restored: Vec::new(),
         started: Instant::now(),
         out,
     };
-    let mut reached = Reached::default();
-    loop {
-        let recorded = read_record(target, &opts.window).await?;
-        let reads = move_next::reads(&asked, recorded.as_ref(), &reached);
-        let seen = m.observe(&reads, recorded.as_ref()).await?;
-        let step = move_next::next(&asked, recorded.as_ref(), &seen, &reached);
-        m.out.step(Of::Move, step.name());
-        opts.step_label.set(Of::Move, step.name());
-        let performed = m
-            .perform(&step, recorded.as_ref(), &seen, &reads.namespace)
-            .await;
-        match performed {
-            Ok(Some(outcome)) => reached.ended(outcome),
-            Ok(None) if step == Step::Done => return Ok(()),
-            Ok(None) => reached.performed(&step),
-            Err(e) if step.fails_into_outcome() => {
-                reached.ended(Outcome::Stopped(format!("handoff move stopped: {e}")))
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    runner::run(
+        &MovePlanner { asked },
+        &mut m,
+        Publish::Top(&opts.step_label),
+    )
+    .await
+    .map(|_| ())
 }

@@ -3,17 +3,17 @@
 
 use serde_json::json;
 
+use super::super::child;
 use super::super::close::{close, say_removed};
 use super::super::common::{Result, WindowError, now, read_window};
-use super::super::move_next::{Begun, Observed, Outcome, Step};
+use super::super::move_next::{Begun, Found, Observed, Outcome, Step};
 use super::super::move_plan::{self, BLOCK_MOVE, BlockMoveOn, Holds, Start};
 use super::super::open::{Taken, check, first_taken, open, prove, ready_standbys, take};
-use super::child::{self, Signals};
 use super::cluster_api::{
     self, CLUSTER_CLASSES, CLUSTERS, DELETE_FOR_MOVE, classes_in, clusters_in,
     unmark_delete_for_move,
 };
-use super::clusterctl::{SourceStop, lift_block_move, render_args, run_clusterctl};
+use super::clusterctl::lift_block_move;
 use super::restore::{
     report_abort, report_done, restore_one, unpause, unpause_saying, unpause_what_clusterctl_paused,
 };
@@ -30,7 +30,7 @@ impl Mover<'_> {
         r: Option<&MoveRecord>,
         seen: &Observed,
         ns: &str,
-    ) -> Result<Option<Outcome>> {
+    ) -> Result<Found> {
         match step {
             Step::Begin(b) => self.begin_run(b, r),
             Step::Refuse { cluster, message } => Err(self.refused(*cluster, message.clone())),
@@ -47,8 +47,20 @@ impl Mover<'_> {
             }
             Step::ProveTarget => self.prove_target().await,
             Step::Hold { block_move } => self.hold(block_move).await,
-            Step::RunClusterctl { source_stopped } => {
-                return self.clusterctl(*source_stopped, ns).await.map(Some);
+            Step::StartClusterctl { watch_pause } => self.start_clusterctl(*watch_pause, ns).await,
+            Step::AwaitPause => {
+                return self.await_pause(ns).await.map(Found::SourcePaused);
+            }
+            Step::StopSource { paused } => self.stop_source(paused, ns).await,
+            // Its end comes to the runner, which cuts this wait.
+            Step::AwaitClusterctl => std::future::pending().await,
+            Step::SignalClusterctl { signal, because } => {
+                self.signal_clusterctl(*signal, because);
+                Ok(())
+            }
+            Step::ClusterctlExited { status, unheld } => {
+                self.clusterctl_exited(status, *unheld);
+                Ok(())
             }
             Step::Lift { warn } => self.lift(*warn, ns).await,
             Step::Fail(why) => self.fail(why).await,
@@ -89,7 +101,7 @@ impl Mover<'_> {
             }
             Step::Done => Ok(()),
         }
-        .map(|()| None)
+        .map(|()| Found::Nothing)
     }
 
     /// The record a step acts on, which the run began from.
@@ -184,23 +196,7 @@ impl Mover<'_> {
         // Said once: the opens after this check again, quietly.
         self.target_opts.quiet_preflight = true;
         self.source_opts.quiet_preflight = true;
-        self.signals()?;
         Ok(())
-    }
-
-    /// SIGINT and SIGTERM, caught from the checks on (a signal is then passed to clusterctl,
-    /// or stops the move before clusterctl starts) until `lift` gives them back.
-    fn signals(&mut self) -> Result<&mut Signals> {
-        if self.signals.is_none() {
-            let caught = Signals::catch().map_err(|e| {
-                self.refused(
-                    MoveRole::Source,
-                    format!("cannot catch SIGINT and SIGTERM: {e}"),
-                )
-            })?;
-            self.signals = Some(caught);
-        }
-        Ok(self.signals.as_mut().expect("caught above"))
     }
 
     /// A resumed move that deleted nothing: the source runs again (providers lift their
@@ -389,67 +385,12 @@ impl Mover<'_> {
                 add.describe()
             ));
         }
-        match self.signals.as_ref().and_then(Signals::caught) {
-            Some(sig) => Err(self.refused(
-                MoveRole::Source,
-                format!("interrupted (signal {sig}) before clusterctl started"),
-            )),
-            None => Ok(()),
-        }
-    }
-
-    /// clusterctl, while the source's controllers still run; they are stopped once it has
-    /// paused the source (`run_clusterctl`).
-    async fn clusterctl(&mut self, stopped_already: bool, ns: &str) -> Result<Outcome> {
-        let opts = self.opts;
-        let p = phase(
-            self.out,
-            &format!(
-                "running {} {}",
-                opts.clusterctl.display(),
-                render_args(&opts.flags)
-            ),
-        );
-        self.signals()?;
-        let stop = match stopped_already {
-            true => SourceStop::Already,
-            false => SourceStop::AfterPause {
-                opts: &self.source_opts,
-                target: std::mem::take(&mut self.target_taken),
-            },
-        };
-        let signals = self.signals.as_mut().expect("caught by signals()");
-        let ran =
-            run_clusterctl(self.source, self.target, stop, ns, opts, signals, self.out).await?;
-        p.done(
-            self.out,
-            &format!("clusterctl exited {}", ran.status.describe()),
-        );
-        if ran.status.code == Some(0) {
-            if ran.source_stopped.is_none() {
-                self.out.warn("clusterctl finished without waiting for handoff's block-move (does this clusterctl honour clusterctl.cluster.x-k8s.io/block-move?): neither cluster's controllers were proven stopped before the copy");
-            }
-            return Ok(Outcome::Moved);
-        }
-        let interrupted = match ran.interrupted {
-            true => " (handoff was interrupted and passed the signal on)",
-            false => "",
-        };
-        Ok(Outcome::Exited {
-            exit: ran.status.code.unwrap_or(-1),
-            what: format!(
-                "clusterctl move exited {}{interrupted}",
-                ran.status.describe()
-            ),
-        })
+        Ok(())
     }
 
     /// handoff's block-move off every source Cluster: it must never be copied to the target
     /// or hold the next move. From here on a signal ends handoff (what is left is recorded).
     async fn lift(&mut self, warn: bool, ns: &str) -> Result<()> {
-        if let Some(s) = self.signals.take() {
-            s.release();
-        }
         match lift_block_move(self.source, self.target, &self.opts.window, ns).await {
             Ok(lifted) if !lifted.is_empty() => {
                 self.out.say(format!(

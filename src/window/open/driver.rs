@@ -5,10 +5,10 @@
 use tokio::time::Instant;
 
 use super::super::common::{Cluster, Result, WindowError, read_windows, record};
-use super::super::declare::Of;
 use super::super::lease;
 use super::super::plan;
-use super::super::window_next::{OpenStep, Seen, next_open};
+use super::super::runner::{self, Performer, Publish};
+use super::super::window_next::{OpenPlanner, OpenStep, Seen};
 use super::choose::Stop;
 use super::{
     Choice, Chosen, OpenOptions, Taken, add_standbys, checked, ensure_open, leased_record,
@@ -58,7 +58,7 @@ async fn drive(
     proves: bool,
     out: &mut Progress,
 ) -> Result<Vec<Taken>> {
-    let mut o = Opener {
+    let o = Opener {
         clusters,
         opts,
         windows: read_windows(clusters, &opts.name).await?,
@@ -68,25 +68,48 @@ async fn drive(
         taken: Vec::new(),
         started: Instant::now(),
     };
-    let seen: Vec<Seen> = o.windows.iter().map(|w| Seen::of(w.as_ref())).collect();
-    let mut performed = Vec::new();
-    loop {
-        let step = next_open(proves, &opts.name, &seen, &performed);
-        out.step(Of::WindowOpen, step.name());
-        match &step {
-            OpenStep::Refuse { cluster, message } => {
-                return Err(WindowError::Refused {
-                    cluster: clusters[*cluster].label.clone(),
-                    message: message.clone(),
-                });
-            }
-            OpenStep::Check => o.check(out).await?,
-            OpenStep::Record { cluster, fresh } => o.record(*cluster, *fresh, out).await?,
-            OpenStep::Stop(i) => o.stop(*i, out).await?,
-            OpenStep::Prove => prove(&o.taken, out).await?,
-            OpenStep::Done => return Ok(o.taken),
+    let planner = OpenPlanner {
+        prove: proves,
+        window: opts.name.clone(),
+        seen: o.windows.iter().map(|w| Seen::of(w.as_ref())).collect(),
+    };
+    let mut x = OpenRun { o, out };
+    // A window is opened by hand or inside one of `handoff move`'s steps, whose name its
+    // requests keep.
+    runner::run(&planner, &mut x, Publish::Nested).await?;
+    Ok(x.o.taken)
+}
+
+/// An `Opener` with where it says what it does, for the runner.
+struct OpenRun<'a, 'o> {
+    o: Opener<'a>,
+    out: &'o mut Progress,
+}
+
+impl Performer<OpenPlanner> for OpenRun<'_, '_> {
+    type Error = WindowError;
+
+    async fn read(&mut self, _: &OpenPlanner, _: &Vec<OpenStep>) -> Result<()> {
+        Ok(())
+    }
+
+    async fn perform(&mut self, step: &OpenStep, _: &()) -> Result<()> {
+        let (o, out) = (&mut self.o, &mut *self.out);
+        match step {
+            OpenStep::Refuse { cluster, message } => Err(WindowError::Refused {
+                cluster: o.clusters[*cluster].label.clone(),
+                message: message.clone(),
+            }),
+            OpenStep::Check => o.check(out).await,
+            OpenStep::Record { cluster, fresh } => o.record(*cluster, *fresh, out).await,
+            OpenStep::Stop(i) => o.stop(*i, out).await,
+            OpenStep::Prove => prove(&o.taken, out).await,
+            OpenStep::Done => Ok(()),
         }
-        performed.push(step);
+    }
+
+    fn progress(&mut self) -> &mut Progress {
+        self.out
     }
 }
 

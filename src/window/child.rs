@@ -4,7 +4,8 @@ use std::path::Path;
 
 use tokio::sync::watch;
 
-use super::super::common::{Cluster, Result, WindowError};
+use super::common::{Cluster, Result, WindowError};
+pub use super::planner::ExitStatus;
 
 /// SIGINT and SIGTERM, caught from the moment a move may write until clusterctl is done, so
 /// that they reach clusterctl first and handoff then leaves everything said and recorded.
@@ -32,9 +33,12 @@ impl Signals {
         Ok(Signals { rx })
     }
 
-    /// The last signal caught, if any.
-    pub fn caught(&self) -> Option<i32> {
-        Some(*self.rx.borrow()).filter(|s| *s != 0)
+    /// A signal caught and not yet handed over by `next` or here.
+    pub fn pending(&mut self) -> Option<i32> {
+        match self.rx.has_changed() {
+            Ok(true) => Some(*self.rx.borrow_and_update()).filter(|s| *s != 0),
+            _ => None,
+        }
     }
 
     /// The next signal.
@@ -87,27 +91,6 @@ pub struct Child {
     pid: Option<i32>,
 }
 
-/// How clusterctl ended.
-pub struct ExitStatus {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-}
-
-impl ExitStatus {
-    pub fn describe(&self) -> String {
-        match (self.code, self.signal) {
-            (Some(c), _) => format!("with exit code {c}"),
-            (None, Some(s)) => format!("killed by signal {s}"),
-            (None, None) => "without an exit code".into(),
-        }
-    }
-
-    /// What handoff exits with: clusterctl's code, or 1 when it had none (a signal).
-    pub fn exit_code(&self) -> i32 {
-        self.code.filter(|c| *c > 0).unwrap_or(1)
-    }
-}
-
 impl Child {
     /// Start `clusterctl move` with handoff's flags, in its own process group (a Ctrl-C in the
     /// terminal reaches handoff, which passes it on once) and bound to die with handoff
@@ -154,13 +137,16 @@ impl Child {
         Ok(Child { child, pid })
     }
 
-    pub fn signal(&self, sig: i32) {
-        if let Some(pid) = self.pid {
-            // SAFETY: kill(2) on our own child's pid, with a plain signal number.
-            unsafe {
-                libc::kill(pid, sig);
-            }
-        }
+    /// A child started otherwise, to be waited on as clusterctl is.
+    #[cfg(test)]
+    pub fn from_tokio(child: tokio::process::Child) -> Child {
+        let pid = child.id().map(|p| p as i32);
+        Child { child, pid }
+    }
+
+    /// Its process id, while it has one (to signal it from a step while the runner waits on it).
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
     }
 
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
@@ -170,11 +156,5 @@ impl Child {
             code: status.code(),
             signal: status.signal(),
         })
-    }
-
-    /// Stop it (SIGTERM) and wait for it.
-    pub async fn stop(&mut self) {
-        self.signal(libc::SIGTERM);
-        let _ = self.child.wait().await;
     }
 }
