@@ -4,8 +4,18 @@ use std::path::Path;
 
 use tokio::sync::watch;
 
-use super::common::{Cluster, Result, WindowError};
 pub use super::planner::ExitStatus;
+
+/// Why clusterctl could not be run; the caller says on which cluster's behalf.
+#[derive(Debug, thiserror::Error)]
+pub enum ChildError {
+    #[error("{0} version -o short did not answer within 30 s")]
+    VersionTimeout(String),
+    #[error(
+        "cannot run {0}: {1} (--clusterctl names the binary; the default is clusterctl on PATH)"
+    )]
+    CannotRun(String, std::io::Error),
+}
 
 /// SIGINT and SIGTERM, caught from the moment a move may write until clusterctl is done, so
 /// that they reach clusterctl first and handoff then leaves everything said and recorded.
@@ -64,7 +74,7 @@ impl Signals {
 
 /// `clusterctl version -o short`, as `handoff move` would run it: what it printed, or why it
 /// could not be run (then the move could not run it either).
-pub async fn version(clusterctl: &Path, source: &Cluster) -> Result<String> {
+pub async fn version(clusterctl: &Path) -> Result<String, ChildError> {
     let run = tokio::process::Command::new(clusterctl)
         .args(["version", "-o", "short"])
         .stdin(std::process::Stdio::null())
@@ -72,17 +82,8 @@ pub async fn version(clusterctl: &Path, source: &Cluster) -> Result<String> {
         .output();
     let out = tokio::time::timeout(std::time::Duration::from_secs(30), run)
         .await
-        .map_err(|_| WindowError::Refused {
-            cluster: source.label.clone(),
-            message: format!("{} version -o short did not answer within 30 s", clusterctl.display()),
-        })?
-        .map_err(|e| WindowError::Refused {
-            cluster: source.label.clone(),
-            message: format!(
-                "cannot run {}: {e} (--clusterctl names the binary; the default is clusterctl on PATH)",
-                clusterctl.display()
-            ),
-        })?;
+        .map_err(|_| ChildError::VersionTimeout(clusterctl.display().to_string()))?
+        .map_err(|e| ChildError::CannotRun(clusterctl.display().to_string(), e))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -100,9 +101,8 @@ impl Child {
     pub fn spawn(
         clusterctl: &Path,
         args: Vec<std::ffi::OsString>,
-        source: &Cluster,
         stdout_to_stderr: bool,
-    ) -> Result<Child> {
+    ) -> Result<Child, ChildError> {
         let mut cmd = tokio::process::Command::new(clusterctl);
         if stdout_to_stderr {
             cmd.stdout(std::io::stderr());
@@ -126,13 +126,9 @@ impl Child {
                 Ok(())
             });
         }
-        let child = cmd.spawn().map_err(|e| WindowError::Refused {
-            cluster: source.label.clone(),
-            message: format!(
-                "cannot run {}: {e} (--clusterctl names the binary; the default is clusterctl on PATH)",
-                clusterctl.display()
-            ),
-        })?;
+        let child = cmd
+            .spawn()
+            .map_err(|e| ChildError::CannotRun(clusterctl.display().to_string(), e))?;
         let pid = child.id().map(|p| p as i32);
         Ok(Child { child, pid })
     }

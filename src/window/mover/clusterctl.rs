@@ -63,9 +63,12 @@ fn spawn(opts: &MoveOptions, source: &Cluster, out: &Progress) -> Result<Child> 
     Child::spawn(
         &opts.clusterctl,
         move_plan::clusterctl_args(&opts.flags),
-        source,
         json,
     )
+    .map_err(|e| WindowError::Refused {
+        cluster: source.label.clone(),
+        message: e.to_string(),
+    })
 }
 
 pub fn render_args(f: &ClusterctlFlags) -> String {

@@ -414,7 +414,13 @@ async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Re
             .join(" ")
     ));
     let t = Instant::now();
-    let mut child = Child::spawn(&o.clusterctl, args, c, out.format() == Format::Json)?;
+    let mut child =
+        Child::spawn(&o.clusterctl, args, out.format() == Format::Json).map_err(|e| {
+            WindowError::Refused {
+                cluster: c.label.clone(),
+                message: e.to_string(),
+            }
+        })?;
     let status = child.wait().await.map_err(|e| WindowError::Refused {
         cluster: c.label.clone(),
         message: format!("waiting for clusterctl: {e}"),

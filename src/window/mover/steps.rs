@@ -182,7 +182,9 @@ impl Mover<'_> {
         )
         .await?;
         match move_plan::block_move_honoured(
-            &child::version(&self.opts.clusterctl, self.source).await?,
+            &child::version(&self.opts.clusterctl)
+                .await
+                .map_err(|e| self.refused(MoveRole::Source, e.to_string()))?,
         ) {
             Ok(()) => {}
             Err(e @ move_plan::ClusterctlVersion::TooOld(_)) => {
