@@ -140,6 +140,9 @@ pub enum WindowError {
     Preflight(Vec<Finding>),
     #[error("{cluster}: {message}")]
     Refused { cluster: String, message: String },
+    /// A backup that failed and was put back: why, as recorded.
+    #[error("{0}")]
+    Failed(String),
     /// `handoff move`: clusterctl failed; `help` says what is left and the ways on.
     #[error("{help}")]
     Clusterctl { code: i32, help: String },

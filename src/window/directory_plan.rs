@@ -20,7 +20,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use super::declare::{Of, steps};
+use super::declare::Of;
 use super::move_plan::ClusterSeen;
 use crate::resources::move_window::MoveRecord;
 
@@ -71,43 +71,7 @@ pub fn clusterctl_args(f: &DirectoryFlags) -> Vec<OsString> {
     a
 }
 
-steps! {
-    /// One step of a backup or a restore, in the order of `docs/src/tasks/move.md`'s lists.
-    pub names enum DirectoryStep {
-        /// What the run needs checked before it writes: that the cluster's controllers can be
-        /// stopped, clusterctl's version, nothing paused by somebody else; nothing written.
-        Check,
-        /// The run recorded in the cluster (its window created), before anything else is
-        /// written: a run that dies after it is put back by the same command or `--abort`.
-        Record,
-        /// A backup: every Cluster and ClusterClass of the namespace paused (which ran recorded
-        /// first), so that the providers lift their block-move while they still run.
-        Pause,
-        /// A backup: until nothing of the namespace carries a provider's block-move.
-        WaitUnblocked,
-        /// The cluster's controllers stopped and proven stopped.
-        Stop,
-        /// A backup: what it paused unpaused, so that the backup holds the Clusters as they ran.
-        Unpause,
-        /// clusterctl's backup (`--to-directory`) or restore (`--from-directory`).
-        RunClusterctl,
-        /// A backup: the controllers back and what it paused unpaused; on a re-run or an
-        /// `--abort`, what an earlier run left.
-        PutBack,
-        /// A restore: the controllers back, once clusterctl restored everything.
-        Restore,
-        /// Record why clusterctl failed, and end with it.
-        Fail,
-        /// Stop, writing nothing more, and say why.
-        Refuse,
-        /// An `--abort`: the run recorded undone.
-        Aborted,
-        /// Remove what the window brought along where nothing of handoff was installed.
-        Uninstall,
-        /// Nothing left to do.
-        Done,
-    }
-}
+pub use super::directory_next::DirectoryStep;
 
 impl Direction {
     /// Whose steps these are.

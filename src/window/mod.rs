@@ -10,6 +10,7 @@ mod child;
 mod close;
 mod common;
 pub mod declare;
+pub mod directory_next;
 pub mod directory_plan;
 pub mod installed;
 mod lease;

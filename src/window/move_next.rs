@@ -200,7 +200,9 @@ impl Planner for MovePlanner {
     type Read = Read;
     type Reached = Reached;
     type Found = Found;
-    const OF: Of = Of::Move;
+    fn of(&self) -> Of {
+        Of::Move
+    }
 
     fn name(step: &Step) -> StepName {
         step.name()

@@ -77,7 +77,7 @@ pub trait Planner {
     /// What a step finds for the planner.
     type Found;
     /// Whose steps these are, in progress events and User-Agents.
-    const OF: Of;
+    fn of(&self) -> Of;
 
     fn name(step: &Self::Step) -> Self::Name;
     /// Whether `step` may be cut short by an interrupt: one that only waits, or whose writes

@@ -131,9 +131,9 @@ pub async fn run<P: Planner, X: Performer<P>>(
         let read = x.read(planner, &reached).await?;
         let step = planner.next(&read, &reached);
         let name = P::name(&step);
-        x.progress().step(P::OF, name);
+        x.progress().step(planner.of(), name);
         if let Publish::Top(label) = publish {
-            label.set(P::OF, name);
+            label.set(planner.of(), name);
         }
         let cuttable = P::cuttable(&step);
         let mut after = Vec::new();

@@ -187,7 +187,9 @@ impl Planner for OpenPlanner {
     type Read = ();
     type Reached = Vec<OpenStep>;
     type Found = ();
-    const OF: Of = Of::WindowOpen;
+    fn of(&self) -> Of {
+        Of::WindowOpen
+    }
 
     fn name(step: &OpenStep) -> OpenStepName {
         step.name()
@@ -235,7 +237,9 @@ impl Planner for ClosePlanner {
     type Read = ();
     type Reached = CloseRun;
     type Found = CloseFound;
-    const OF: Of = Of::WindowClose;
+    fn of(&self) -> Of {
+        Of::WindowClose
+    }
 
     fn name(step: &CloseStep) -> CloseStepName {
         step.name()

@@ -11,9 +11,14 @@ use tokio::time::Instant;
 use super::super::child::Child;
 use super::super::close::{CloseOptions, close, say_removed};
 use super::super::common::{Cluster, Result, WindowError, now, read_window, record};
-use super::super::directory_plan::{self, Direction, DirectoryFlags, DirectoryStep, Then};
+use super::super::directory_next::{
+    DirReached, DirRead, DirStep, DirectoryPlanner, Ended, Failure, Found,
+};
+use super::super::directory_plan::{self, Direction, DirectoryFlags, Then};
+use super::super::move_next::Seen;
 use super::super::open::{OpenOptions, check, open, window_at_least_closed};
 use super::super::progress::{Format, Progress};
+use super::super::runner::{self, Performer, Publish};
 use super::super::user_agent::StepLabel;
 use super::cluster_api::{CLUSTERS, clusters_in, patch, scan};
 use crate::resources::move_window::MoveRecord;
@@ -42,20 +47,11 @@ impl DirectoryOptions {
             ..self.close.clone()
         }
     }
-
-    /// Say that the run performs `step` (an event under `-o json`, a line under `-v`, and the
-    /// User-Agent of its requests from now on).
-    fn step(&self, out: &mut Progress, step: DirectoryStep) {
-        let of = self.flags.direction.of();
-        self.step_label.set(of, step);
-        out.step(of, step);
-    }
 }
 
 /// One backup or restore, from start to end, or its `--abort`; a run that died is put back
 /// (a backup) or resumed (a restore) by the same command.
 pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<()> {
-    let started = Instant::now();
     let what = o.flags.direction.of().as_str();
     let window = read_window(c, &o.window).await?;
     let is_open = window.as_ref().is_some_and(|w| w.spec.is_open());
@@ -98,58 +94,223 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
             }
         ));
     }
-    if !start.unpause.is_empty() || start.close {
-        o.step(out, DirectoryStep::PutBack);
+    let planner = DirectoryPlanner {
+        direction: o.flags.direction.clone(),
+        start,
+        recorded: rec.is_some(),
+        clusters: clusters.iter().map(|k| k.key.clone()).collect(),
+    };
+    let mut x = DirectoryRun {
+        c,
+        o,
+        ns,
+        quiet: OpenOptions {
+            quiet_preflight: true,
+            ..o.open.clone()
+        },
+        started: Instant::now(),
+        out,
+    };
+    let reached = runner::run(&planner, &mut x, Publish::Top(&o.step_label)).await?;
+    match reached.ended {
+        Ended::Refused(message) => Err(WindowError::Refused {
+            cluster: c.label.clone(),
+            message,
+        }),
+        // handoff exits with clusterctl's code, as a move does.
+        Ended::Failed(Failure {
+            what,
+            exit: Some(code),
+        }) => Err(WindowError::Clusterctl { code, help: what }),
+        Ended::Failed(Failure { what, exit: None }) => Err(WindowError::Failed(what)),
+        Ended::Done | Ended::Aborted | Ended::No => Ok(()),
     }
-    for key in &start.unpause {
-        set_paused(c, key, false).await?;
-        out.say(format!(
-            "{}: unpaused Cluster {key} (paused for the backup recorded in MoveWindow {})",
-            c.label, o.window
-        ));
+}
+
+/// A backup's or a restore's I/O, for the runner.
+struct DirectoryRun<'a, 'o> {
+    c: &'a Cluster,
+    o: &'a DirectoryOptions,
+    /// A backup's namespace.
+    ns: Option<String>,
+    /// How the window is opened once its checks were said.
+    quiet: OpenOptions,
+    started: Instant,
+    out: &'o mut Progress,
+}
+
+impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
+    type Error = WindowError;
+
+    async fn read(&mut self, p: &DirectoryPlanner, r: &DirReached) -> Result<DirRead> {
+        if !p.reads(r) {
+            return Ok(DirRead::default());
+        }
+        let ns = self.ns.as_deref().unwrap_or_default();
+        Ok(DirRead {
+            clusters: Seen::Read(clusters_in(self.c, ns).await?),
+            open: Seen::Read(
+                read_window(self.c, &self.o.window)
+                    .await?
+                    .is_some_and(|w| w.spec.is_open()),
+            ),
+        })
     }
-    if start.close {
-        set_phase(c, &o.window, MovePhase::Aborting).await?;
-        close(std::slice::from_ref(c), &o.closing(), out).await?;
+
+    async fn perform(&mut self, step: &DirStep, _: &DirRead) -> Result<Found> {
+        let (c, o) = (self.c, self.o);
+        let backup = self.ns.is_some();
+        match step {
+            DirStep::Check => check(std::slice::from_ref(c), &o.open, self.out).await?,
+            DirStep::Record { clusters } => self.record(clusters).await?,
+            DirStep::Pause { clusters } => {
+                for key in clusters {
+                    set_paused(c, key, true).await?;
+                }
+                if !clusters.is_empty() {
+                    self.out.say(format!(
+                        "{}: paused Cluster {}, so that the providers finish what they are doing and lift their block-move (a backup alone does not wait for it)",
+                        c.label,
+                        clusters.join(", ")
+                    ));
+                }
+            }
+            DirStep::WaitUnblocked => {
+                let ns = self.ns.as_deref().unwrap_or_default();
+                wait_unblocked(c, o, ns, self.out).await?
+            }
+            DirStep::Stop => {
+                open(std::slice::from_ref(c), &self.quiet, self.out).await?;
+                if backup {
+                    note(c, &o.window, |m| {
+                        m.phase = MovePhase::Copying;
+                        m.source_stopped_at.get_or_insert_with(now);
+                    })
+                    .await?;
+                }
+            }
+            DirStep::Unpause { clusters } => {
+                for key in clusters {
+                    set_paused(c, key, false).await?;
+                }
+                if !clusters.is_empty() {
+                    self.out.say(format!(
+                        "{}: unpaused Cluster {} again (nothing reconciles it now; clusterctl refuses a paused Cluster, and pauses it itself)",
+                        c.label,
+                        clusters.join(", ")
+                    ));
+                }
+            }
+            DirStep::RunClusterctl => {
+                if !backup {
+                    note(c, &o.window, |m| {
+                        m.phase = MovePhase::Copying;
+                        m.target_stopped_at.get_or_insert_with(now);
+                        m.error = None;
+                    })
+                    .await?;
+                }
+                return clusterctl(c, o, self.out).await;
+            }
+            DirStep::PutBack {
+                unpause,
+                close: closing,
+                done,
+            } => {
+                for key in unpause {
+                    set_paused(c, key, false).await?;
+                    self.out.say(format!("{}: unpaused Cluster {key}", c.label));
+                }
+                if let Some(phase) = closing {
+                    set_phase(c, &o.window, phase.clone()).await?;
+                    close(std::slice::from_ref(c), &o.closing(), self.out).await?;
+                }
+                if *done {
+                    note(c, &o.window, |m| {
+                        m.phase = MovePhase::Done;
+                        m.source_back_at.get_or_insert_with(now);
+                    })
+                    .await?;
+                }
+            }
+            DirStep::Restore => {
+                note(c, &o.window, |m| m.phase = MovePhase::Restoring).await?;
+                close(std::slice::from_ref(c), &o.closing(), self.out).await?;
+                note(c, &o.window, |m| {
+                    m.phase = MovePhase::Done;
+                    m.target_back_at.get_or_insert_with(now);
+                })
+                .await?;
+            }
+            DirStep::Fail(f) => self.fail(f).await?,
+            DirStep::Refuse(_) => {}
+            DirStep::Aborted { recorded } => {
+                if *recorded {
+                    set_phase(c, &o.window, MovePhase::Aborted).await?;
+                }
+                self.out.say(match backup {
+                    true => "handoff move --abort: the controllers and the Clusters are back as they were",
+                    false => "handoff move --abort: the controllers are back; what clusterctl restored stays as it is (its Clusters paused where clusterctl stopped before unpausing them): kubectl --kubeconfig … get clusters.cluster.x-k8s.io -A -o custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,PAUSED:.spec.paused",
+                });
+            }
+            DirStep::Uninstall => say_removed(c, &o.window, self.out).await?,
+            DirStep::Done => self.out.say(format!(
+                "handoff move: {} done in {:.1}s ({})",
+                o.flags.direction.of().as_str(),
+                self.started.elapsed().as_secs_f64(),
+                o.flags.directory.display()
+            )),
+        }
+        Ok(Found::Nothing)
     }
-    match start.then {
-        Then::Refuse(message) => {
-            o.step(out, DirectoryStep::Refuse);
-            uninstall(c, o, out).await?;
-            return Err(WindowError::Refused {
-                cluster: c.label.clone(),
-                message,
+
+    fn progress(&mut self) -> &mut Progress {
+        self.out
+    }
+}
+
+impl DirectoryRun<'_, '_> {
+    /// The window and its record before the first write that a put-back undoes.
+    async fn record(&mut self, clusters: &[String]) -> Result<()> {
+        let (c, o) = (self.c, self.o);
+        let read = read_window(c, &o.window).await?;
+        window_at_least_closed(c, &self.quiet, read).await?;
+        let (phase, namespace) = match &self.ns {
+            Some(ns) => (MovePhase::StoppingSource, ns.clone()),
+            None => (MovePhase::StoppingTarget, String::new()),
+        };
+        record(c, &o.window, |s| {
+            let attempts = s.move_record.as_ref().map_or(0, |m| m.attempts);
+            s.move_record = Some(MoveRecord {
+                phase: phase.clone(),
+                namespace: namespace.clone(),
+                started_at: Some(now()),
+                attempts: attempts + 1,
+                clusters: clusters.to_vec(),
+                ..MoveRecord::default()
             });
-        }
-        Then::Aborted => {
-            o.step(out, DirectoryStep::Aborted);
-            if rec.is_some() {
-                set_phase(c, &o.window, MovePhase::Aborted).await?;
-            }
-            uninstall(c, o, out).await?;
-            if let Direction::Restore = o.flags.direction {
-                out.say("handoff move --abort: the controllers are back; what clusterctl restored stays as it is (its Clusters paused where clusterctl stopped before unpausing them): kubectl --kubeconfig … get clusters.cluster.x-k8s.io -A -o custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,PAUSED:.spec.paused");
-            } else {
-                out.say(
-                    "handoff move --abort: the controllers and the Clusters are back as they were",
-                );
-            }
-            return Ok(());
-        }
-        Then::Run { stopped_already } => {
-            match &ns {
-                Some(ns) => backup(c, o, ns, &clusters, out).await?,
-                None => restore(c, o, stopped_already, out).await?,
-            };
-        }
+        })
+        .await
+        .map(|_| ())
     }
-    o.step(out, DirectoryStep::Done);
-    out.say(format!(
-        "handoff move: {what} done in {:.1}s ({})",
-        started.elapsed().as_secs_f64(),
-        o.flags.directory.display()
-    ));
-    Ok(())
+
+    /// Why the run failed, recorded; and what is left said.
+    async fn fail(&mut self, f: &Failure) -> Result<()> {
+        note(self.c, &self.o.window, |m| {
+            m.phase = MovePhase::Failed;
+            m.clusterctl_exit = f.exit;
+            m.error = Some(f.what.clone());
+        })
+        .await?;
+        match self.ns.is_some() {
+            true => self.out.say("The controllers and the Clusters are back as they were; whatever clusterctl wrote to the folder is incomplete. Run the same command again."),
+            false => self.out.say(format!(
+                "The controllers handoff stopped stay stopped, and MoveWindow {} stays open: they would reconcile a half-restored management cluster. Two ways on:\n  finish the restore: the same command again (clusterctl creates what is missing and updates what is there)\n  undo the stop:      the same command with --abort (the controllers come back; what was restored stays)",
+                self.o.window
+            )),
+        }
+        Ok(())
+    }
 }
 
 async fn set_phase(c: &Cluster, window: &str, phase: MovePhase) -> Result<()> {
@@ -166,127 +327,6 @@ async fn note(c: &Cluster, window: &str, f: impl Fn(&mut MoveRecord)) -> Result<
     })
     .await
     .map(|_| ())
-}
-
-/// What the window brought, removed once the run has recorded how it ended (`close` itself is
-/// asked to leave it: removing the CRD deletes the window and its record with it).
-async fn uninstall(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<()> {
-    o.step(out, DirectoryStep::Uninstall);
-    say_removed(c, &o.window, out).await
-}
-
-/// Pause the Clusters (recorded first), wait for the providers' block-move to go, stop and
-/// prove the controllers, unpause the Clusters, run clusterctl; then, however that went, put
-/// everything back: the Clusters unpaused, the controllers restored.
-async fn backup(
-    c: &Cluster,
-    o: &DirectoryOptions,
-    ns: &str,
-    clusters: &[super::super::move_plan::ClusterSeen],
-    out: &mut Progress,
-) -> Result<()> {
-    o.step(out, DirectoryStep::Check);
-    check(std::slice::from_ref(c), &o.open, out).await?;
-    let quiet = OpenOptions {
-        quiet_preflight: true,
-        ..o.open.clone()
-    };
-    // The window and its record before the first pause: a run that dies after it is put back.
-    o.step(out, DirectoryStep::Record);
-    let read = read_window(c, &o.window).await?;
-    window_at_least_closed(c, &quiet, read).await?;
-    let keys: Vec<String> = clusters.iter().map(|k| k.key.clone()).collect();
-    record(c, &o.window, |s| {
-        let attempts = s.move_record.as_ref().map_or(0, |m| m.attempts);
-        s.move_record = Some(MoveRecord {
-            phase: MovePhase::StoppingSource,
-            namespace: ns.to_string(),
-            started_at: Some(now()),
-            attempts: attempts + 1,
-            clusters: keys.clone(),
-            ..MoveRecord::default()
-        });
-    })
-    .await?;
-    let ran = stop_and_back_up(c, o, &quiet, ns, &keys, out).await;
-    // clusterctl unpauses at its end; a run that stopped before may have left them paused.
-    o.step(out, DirectoryStep::PutBack);
-    let now_seen = clusters_in(c, ns).await?;
-    for key in super::super::move_plan::to_unpause(&[], &keys, &now_seen) {
-        set_paused(c, &key, false).await?;
-        out.say(format!("{}: unpaused Cluster {key}", c.label));
-    }
-    if read_window(c, &o.window)
-        .await?
-        .is_some_and(|w| w.spec.is_open())
-    {
-        note(c, &o.window, |m| m.phase = MovePhase::Restoring).await?;
-        close(std::slice::from_ref(c), &o.closing(), out).await?;
-    }
-    match ran {
-        Ok(()) => {
-            note(c, &o.window, |m| {
-                m.phase = MovePhase::Done;
-                m.source_back_at.get_or_insert_with(now);
-            })
-            .await?;
-            uninstall(c, o, out).await
-        }
-        Err(e) => {
-            o.step(out, DirectoryStep::Fail);
-            note(c, &o.window, |m| {
-                m.phase = MovePhase::Failed;
-                m.clusterctl_exit = clusterctl_exit(&e);
-                m.error = Some(e.to_string());
-            })
-            .await?;
-            uninstall(c, o, out).await?;
-            out.say("The controllers and the Clusters are back as they were; whatever clusterctl wrote to the folder is incomplete. Run the same command again.");
-            Err(e)
-        }
-    }
-}
-
-async fn stop_and_back_up(
-    c: &Cluster,
-    o: &DirectoryOptions,
-    quiet: &OpenOptions,
-    ns: &str,
-    keys: &[String],
-    out: &mut Progress,
-) -> Result<()> {
-    o.step(out, DirectoryStep::Pause);
-    for key in keys {
-        set_paused(c, key, true).await?;
-    }
-    if !keys.is_empty() {
-        out.say(format!(
-            "{}: paused Cluster {}, so that the providers finish what they are doing and lift their block-move (a backup alone does not wait for it)",
-            c.label,
-            keys.join(", ")
-        ));
-    }
-    o.step(out, DirectoryStep::WaitUnblocked);
-    wait_unblocked(c, o, ns, out).await?;
-    o.step(out, DirectoryStep::Stop);
-    open(std::slice::from_ref(c), quiet, out).await?;
-    note(c, &o.window, |m| {
-        m.phase = MovePhase::Copying;
-        m.source_stopped_at.get_or_insert_with(now);
-    })
-    .await?;
-    o.step(out, DirectoryStep::Unpause);
-    for key in keys {
-        set_paused(c, key, false).await?;
-    }
-    if !keys.is_empty() {
-        out.say(format!(
-            "{}: unpaused Cluster {} again (nothing reconciles it now; clusterctl refuses a paused Cluster, and pauses it itself)",
-            c.label,
-            keys.join(", ")
-        ));
-    }
-    clusterctl(c, o, out).await
 }
 
 /// Set one Cluster's `spec.paused` (a merge patch, retried while a provider's webhook blinks).
@@ -330,80 +370,9 @@ async fn wait_unblocked(
     }
 }
 
-/// Stop and prove the target's controllers (unless a run before this one did), run
-/// clusterctl's restore, and restore them only once it succeeded.
-async fn restore(
-    c: &Cluster,
-    o: &DirectoryOptions,
-    stopped_already: bool,
-    out: &mut Progress,
-) -> Result<()> {
-    if !stopped_already {
-        o.step(out, DirectoryStep::Check);
-        check(std::slice::from_ref(c), &o.open, out).await?;
-        let quiet = OpenOptions {
-            quiet_preflight: true,
-            ..o.open.clone()
-        };
-        o.step(out, DirectoryStep::Record);
-        let read = read_window(c, &o.window).await?;
-        window_at_least_closed(c, &quiet, read).await?;
-        record(c, &o.window, |s| {
-            let attempts = s.move_record.as_ref().map_or(0, |m| m.attempts);
-            s.move_record = Some(MoveRecord {
-                phase: MovePhase::StoppingTarget,
-                namespace: String::new(),
-                started_at: Some(now()),
-                attempts: attempts + 1,
-                ..MoveRecord::default()
-            });
-        })
-        .await?;
-        o.step(out, DirectoryStep::Stop);
-        open(std::slice::from_ref(c), &quiet, out).await?;
-    }
-    note(c, &o.window, |m| {
-        m.phase = MovePhase::Copying;
-        m.target_stopped_at.get_or_insert_with(now);
-        m.error = None;
-    })
-    .await?;
-    if let Err(e) = clusterctl(c, o, out).await {
-        o.step(out, DirectoryStep::Fail);
-        note(c, &o.window, |m| {
-            m.phase = MovePhase::Failed;
-            m.clusterctl_exit = clusterctl_exit(&e);
-            m.error = Some(e.to_string());
-        })
-        .await?;
-        out.say(format!(
-            "The controllers handoff stopped stay stopped, and MoveWindow {} stays open: they would reconcile a half-restored management cluster. Two ways on:\n  finish the restore: the same command again (clusterctl creates what is missing and updates what is there)\n  undo the stop:      the same command with --abort (the controllers come back; what was restored stays)",
-            o.window
-        ));
-        return Err(e);
-    }
-    o.step(out, DirectoryStep::Restore);
-    note(c, &o.window, |m| m.phase = MovePhase::Restoring).await?;
-    close(std::slice::from_ref(c), &o.closing(), out).await?;
-    note(c, &o.window, |m| {
-        m.phase = MovePhase::Done;
-        m.target_back_at.get_or_insert_with(now);
-    })
-    .await?;
-    uninstall(c, o, out).await
-}
-
-/// clusterctl's exit code, where it was clusterctl that failed (recorded, as a move's).
-fn clusterctl_exit(e: &WindowError) -> Option<i32> {
-    match e {
-        WindowError::Clusterctl { code, .. } => Some(*code),
-        _ => None,
-    }
-}
-
-/// clusterctl, with the controllers stopped; its output as a move's.
-async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<()> {
-    o.step(out, DirectoryStep::RunClusterctl);
+/// clusterctl, with the controllers stopped; its output as a move's. How it ended is what it
+/// found: a failure is the planner's to record.
+async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<Found> {
     let args = directory_plan::clusterctl_args(&o.flags);
     out.say(format!(
         "handoff move: running {} {}",
@@ -430,12 +399,6 @@ async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Re
         status.describe(),
         t.elapsed().as_secs_f64()
     ));
-    match status.code {
-        Some(0) => Ok(()),
-        // handoff exits with clusterctl's code, as a move does.
-        _ => Err(WindowError::Clusterctl {
-            code: status.exit_code(),
-            help: format!("{}: clusterctl move exited {}", c.label, status.describe()),
-        }),
-    }
+    let what = format!("{}: clusterctl move exited {}", c.label, status.describe());
+    Ok(Found::Exited { status, what })
 }

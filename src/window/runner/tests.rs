@@ -30,7 +30,9 @@ impl Planner for ToyPlanner {
     type Read = u32;
     type Reached = Vec<String>;
     type Found = ();
-    const OF: Of = Of::Move;
+    fn of(&self) -> Of {
+        Of::Move
+    }
 
     fn name(step: &Toy) -> ToyName {
         step.name()
@@ -232,7 +234,9 @@ impl Planner for Waiting {
     type Read = ();
     type Reached = Vec<String>;
     type Found = ();
-    const OF: Of = Of::Move;
+    fn of(&self) -> Of {
+        Of::Move
+    }
 
     fn name(step: &Waits) -> WaitsName {
         step.name()
