@@ -186,10 +186,10 @@ pub struct MovePlanner {
     pub asked: Asked,
 }
 
-/// What the driver read for the next step: the target's record, what `reads` asked for of
-/// both clusters, and the namespace it was read in.
+/// What the driver read for the next step: the target's record (`reads_record`), what `reads`
+/// asked for of both clusters, and the namespace it was read in.
 pub struct Read {
-    pub record: Option<MoveRecord>,
+    pub record: Seen<Option<MoveRecord>>,
     pub reads: Reads,
     pub seen: Observed,
 }
@@ -232,7 +232,13 @@ impl Planner for MovePlanner {
     }
 
     fn next(&self, read: &Read, reached: &Reached) -> Step {
-        next(&self.asked, read.record.as_ref(), &read.seen, reached)
+        if let Some(b) = reached.begun()
+            && let Path::Clusterctl(span) = &b.path
+        {
+            return next_in_span(b, span);
+        }
+        let record = read.record.get("the move's record");
+        next(&self.asked, record.as_ref(), &read.seen, reached)
     }
 
     /// From the block-move on, a failed step ends clusterctl's part, not the run: the next
@@ -290,6 +296,13 @@ pub struct Reads {
     /// Whether clusterctl had begun deleting (a scan of every moved kind): only where a
     /// recorded move is picked up.
     pub deletes: bool,
+}
+
+/// Whether the record is read before the next step: not while clusterctl runs, where nothing
+/// of it decides the next step, and where a read that failed would end the run under
+/// clusterctl's copy (and kill it: the child dies with handoff's run).
+pub fn reads_record(reached: &Reached) -> bool {
+    !matches!(reached.begun().map(|b| &b.path), Some(Path::Clusterctl(_)))
 }
 
 pub fn reads(asked: &Asked, record: Option<&MoveRecord>, reached: &Reached) -> Reads {

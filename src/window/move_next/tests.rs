@@ -118,7 +118,10 @@ fn walk(
     while steps.len() < 40 {
         let reads = reads(asked, record, &reached);
         let read = Read {
-            record: record.cloned(),
+            record: match reads_record(&reached) {
+                true => Seen::Read(record.cloned()),
+                false => Seen::NotRead,
+            },
             seen: observed(&seen, &reads),
             reads,
         };
@@ -958,7 +961,10 @@ fn driven(
     while steps.len() < 40 {
         let reads = reads(&planner.asked, None, &reached);
         let read = Read {
-            record: None,
+            record: match reads_record(&reached) {
+                true => Seen::Read(None),
+                false => Seen::NotRead,
+            },
             seen: observed(&world, &reads),
             reads,
         };
@@ -1143,4 +1149,28 @@ fn signals_are_held_from_the_checks_go_to_clusterctl_while_it_runs_then_end_hand
             StepName::StopSource
         ]
     );
+}
+
+#[test]
+fn nothing_is_read_while_clusterctl_runs() {
+    // A read that failed there would end the run, and clusterctl with it, under its copy.
+    let span = Span {
+        at: SpanAt::Copying,
+        copying: true,
+        stopped: None,
+        interrupted: false,
+    };
+    let running = at(Start::Fresh, Path::Clusterctl(span));
+    assert!(!reads_record(&running));
+    assert_eq!(
+        reads(&asked(false), None, &running),
+        read(false, false, false)
+    );
+    for other in [
+        Reached::New,
+        at(Start::Fresh, Path::Move(MoveAt::Held)),
+        at(Start::Fresh, Path::Ended(Outcome::Moved)),
+    ] {
+        assert!(reads_record(&other), "{other:?}");
+    }
 }

@@ -208,9 +208,16 @@ impl Performer<MovePlanner> for Mover<'_> {
 
     /// The target's record, then what `move_next::reads` asks for given it.
     async fn read(&mut self, p: &MovePlanner, reached: &Reached) -> Result<Read> {
-        let record = read_record(self.target, &self.opts.window).await?;
-        let reads = move_next::reads(&p.asked, record.as_ref(), reached);
-        let seen = self.observe(&reads, record.as_ref()).await?;
+        let record = match move_next::reads_record(reached) {
+            true => Seen::Read(read_record(self.target, &self.opts.window).await?),
+            false => Seen::NotRead,
+        };
+        let known = match &record {
+            Seen::Read(r) => r.as_ref(),
+            Seen::NotRead => None,
+        };
+        let reads = move_next::reads(&p.asked, known, reached);
+        let seen = self.observe(&reads, known).await?;
         Ok(Read {
             record,
             reads,
@@ -224,7 +231,12 @@ impl Performer<MovePlanner> for Mover<'_> {
             reads,
             seen,
         } = read;
-        Mover::perform(self, step, record.as_ref(), seen, &reads.namespace).await
+        let record = match record {
+            Seen::Read(r) => r.as_ref(),
+            // While clusterctl runs: no step there acts on it.
+            Seen::NotRead => None,
+        };
+        Mover::perform(self, step, record, seen, &reads.namespace).await
     }
 
     fn progress(&mut self) -> &mut Progress {
