@@ -302,13 +302,13 @@ async fn source_and_target(pin_source: bool, pin_target: bool) -> (Env, Env) {
 
 fn roles(source: &Env, target: &Env) -> [Cluster; 2] {
     [
-        cluster(source, "source", Some(MoveRole::Source)),
-        cluster(target, "target", Some(MoveRole::Target)),
+        cluster(source, Some(MoveRole::Source)),
+        cluster(target, Some(MoveRole::Target)),
     ]
 }
 
-fn cluster(e: &Env, label: &str, role: Option<MoveRole>) -> Cluster {
-    Cluster::new(label, e.proxy.client(), role)
+fn cluster(e: &Env, role: Option<MoveRole>) -> Cluster {
+    Cluster::new(e.proxy.client(), role)
 }
 
 fn own() -> OwnDeployment {
@@ -632,7 +632,7 @@ async fn missing_or_unreadable_annotations_are_reported_and_fall_back() {
     let mut e = env(false).await;
     seed(&e).await;
     run_deployment_controller(&mut e);
-    let clusters = [cluster(&e, "cluster", None)];
+    let clusters = [cluster(&e, None)];
     ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();
@@ -725,7 +725,7 @@ async fn preflight_refuses_a_deployment_that_serves_a_fail_closed_webhook() {
                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
             "conversion": {"strategy": "Webhook", "webhook": {"conversionReviewVersions": ["v1"],
                 "clientConfig": {"service": {"name": "capi-webhook-service", "namespace": "capi-system"}}}}}})).await;
-    let clusters = [cluster(&e, "cluster", None)];
+    let clusters = [cluster(&e, None)];
     let writes = e.proxy.writes().len();
     let err = ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
@@ -781,7 +781,7 @@ async fn a_run_killed_after_any_step_and_rerun_ends_in_the_same_state() {
     let mut e = env(false).await;
     seed(&e).await;
     run_deployment_controller(&mut e);
-    let cl = [cluster(&e, "cluster", None)];
+    let cl = [cluster(&e, None)];
     ops::open(&cl, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();
@@ -845,7 +845,7 @@ async fn status_shows_windows_deployments_and_saved_counts() {
     let mut e = env(false).await;
     seed(&e).await;
     run_deployment_controller(&mut e);
-    let clusters = [cluster(&e, "cluster", None)];
+    let clusters = [cluster(&e, None)];
     ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();
@@ -977,13 +977,9 @@ async fn preflight_checks_the_selector_of_an_existing_window() {
         "metadata": {"name": "web"},
         "webhooks": [{"name": "web.example.com", "sideEffects": "None", "admissionReviewVersions": ["v1"],
             "clientConfig": {"service": {"name": "frontend", "namespace": "web"}}}]})).await;
-    let err = ops::open(
-        &[cluster(&e, "cluster", None)],
-        &open_opts(),
-        &mut Progress::quiet(),
-    )
-    .await
-    .unwrap_err();
+    let err = ops::open(&[cluster(&e, None)], &open_opts(), &mut Progress::quiet())
+        .await
+        .unwrap_err();
     assert!(
         err.to_string()
             .contains("Deployment web/frontend backs Service web/frontend"),
@@ -1004,7 +1000,7 @@ async fn a_restore_pinned_again_by_a_stale_replica_is_retried() {
     let mut e = env(false).await;
     seed(&e).await;
     run_deployment_controller(&mut e);
-    let clusters = [cluster(&e, "cluster", None)];
+    let clusters = [cluster(&e, None)];
     ops::open(&clusters, &open_opts(), &mut Progress::quiet())
         .await
         .unwrap();

@@ -12,43 +12,25 @@ pub async fn window(a: WindowArgs) -> anyhow::Result<()> {
     use handoff::resources::move_window::MoveRole;
     use handoff::window::{Cluster, WindowError};
     let mut servers = Vec::new();
-    let mut connect = async |label: &str,
-                             kubeconfig: Option<&std::path::Path>,
+    let mut connect = async |kubeconfig: Option<&std::path::Path>,
                              context: Option<&str>,
                              role: Option<MoveRole>|
            -> anyhow::Result<Cluster> {
         let (client, server) = client_for(kubeconfig, context).await?;
-        servers.push((label.to_string(), server));
-        Ok(Cluster::new(label, client, role))
+        let c = Cluster::new(client, role);
+        servers.push((c.label, server));
+        Ok(c)
     };
     let clusters = match (&a.source, &a.target) {
         (Some(s), Some(t)) => vec![
-            connect(
-                "source",
-                Some(s),
-                a.source_context.as_deref(),
-                Some(MoveRole::Source),
-            )
-            .await
-            .context("--source")?,
-            connect(
-                "target",
-                Some(t),
-                a.target_context.as_deref(),
-                Some(MoveRole::Target),
-            )
-            .await
-            .context("--target")?,
+            connect(Some(s), a.source_context.as_deref(), Some(MoveRole::Source))
+                .await
+                .context("--source")?,
+            connect(Some(t), a.target_context.as_deref(), Some(MoveRole::Target))
+                .await
+                .context("--target")?,
         ],
-        _ => vec![
-            connect(
-                "cluster",
-                a.kubeconfig.as_deref(),
-                a.context.as_deref(),
-                None,
-            )
-            .await?,
-        ],
+        _ => vec![connect(a.kubeconfig.as_deref(), a.context.as_deref(), None).await?],
     };
     // An API error names the server it could not reach, so that a user with several
     // kubeconfigs sees which one was used.
@@ -56,7 +38,7 @@ pub async fn window(a: WindowArgs) -> anyhow::Result<()> {
         let server = match e.downcast_ref::<WindowError>() {
             Some(WindowError::Api { cluster, .. }) => servers
                 .iter()
-                .find(|(label, _)| label == cluster)
+                .find(|(label, _)| cluster.only(*label))
                 .map(|(label, url)| format!("API server {url} ({label})")),
             _ => None,
         };
@@ -194,17 +176,17 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
         poll: handoff::window::MOVE_POLL,
         step_label: label.clone(),
     };
-    let source = Cluster::new("source", source, Some(MoveRole::Source));
-    let target = Cluster::new("target", target, Some(MoveRole::Target));
+    let source = Cluster::new(source, Some(MoveRole::Source));
+    let target = Cluster::new(target, Some(MoveRole::Target));
     let mut out = a.progress.reporter(false);
     window::move_run(&source, &target, &opts, &mut out)
         .await
         .map_err(|e| {
             let server = match &e {
-                window::WindowError::Api { cluster, .. } if cluster == "source" => {
+                window::WindowError::Api { cluster, .. } if cluster.only(window::Label::Source) => {
                     Some(format!("API server {source_server} (source)"))
                 }
-                window::WindowError::Api { cluster, .. } if cluster == "target" => {
+                window::WindowError::Api { cluster, .. } if cluster.only(window::Label::Target) => {
                     Some(format!("API server {target_server} (target)"))
                 }
                 _ => None,
@@ -292,15 +274,7 @@ async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
         poll: handoff::window::MOVE_POLL,
         step_label: label.clone(),
     };
-    let c = Cluster::new(
-        if role == MoveRole::Source {
-            "source"
-        } else {
-            "target"
-        },
-        client,
-        Some(role),
-    );
+    let c = Cluster::new(client, Some(role));
     let mut out = a.progress.reporter(false);
     window::directory_run(&c, &opts, &mut out)
         .await

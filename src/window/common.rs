@@ -21,8 +21,8 @@ use crate::rules::selector::Selector;
 /// One cluster a command acts on.
 #[derive(Clone)]
 pub struct Cluster {
-    /// `cluster`, `source` or `target`, for messages.
-    pub label: String,
+    /// What messages call it: from its role, never a string a caller could misspell.
+    pub label: Label,
     pub client: kube::Client,
     pub role: Option<MoveRole>,
     written: Written,
@@ -35,9 +35,9 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub fn new(label: impl Into<String>, client: kube::Client, role: Option<MoveRole>) -> Self {
+    pub fn new(client: kube::Client, role: Option<MoveRole>) -> Self {
         Cluster {
-            label: label.into(),
+            label: Label::of(role),
             client,
             role,
             written: Written::default(),
@@ -108,7 +108,7 @@ impl Written {
 /// this module, so this module must not use `preflight`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
-    pub cluster: String,
+    pub cluster: Label,
     pub deployment: String,
     pub service: String,
     pub hook: String,
@@ -124,11 +124,76 @@ impl std::fmt::Display for Finding {
     }
 }
 
+/// What a message calls a cluster: the one of `handoff window` without `--source` and
+/// `--target`, or one of a move's two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Label {
+    Cluster,
+    Source,
+    Target,
+}
+
+impl Label {
+    pub fn of(role: Option<MoveRole>) -> Label {
+        match role {
+            None => Label::Cluster,
+            Some(MoveRole::Source) => Label::Source,
+            Some(MoveRole::Target) => Label::Target,
+        }
+    }
+}
+
+impl Label {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Label::Cluster => "cluster",
+            Label::Source => "source",
+            Label::Target => "target",
+        }
+    }
+}
+
+impl std::fmt::Display for Label {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The clusters an error is about: one, or each a step acted on (`target+source`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct On(pub Vec<Label>);
+
+impl On {
+    /// Whether the error is about this cluster alone (the API server to name).
+    pub fn only(&self, l: Label) -> bool {
+        self.0 == [l]
+    }
+}
+
+impl From<Label> for On {
+    fn from(l: Label) -> On {
+        On(vec![l])
+    }
+}
+
+impl std::fmt::Display for On {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, l) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            write!(f, "{l}")?;
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum WindowError {
     #[error("{cluster}: {action}: {source}{}", handoff_webhook_down(.source))]
     Api {
-        cluster: String,
+        cluster: On,
         action: String,
         #[source]
         source: kube::Error,
@@ -139,7 +204,17 @@ pub enum WindowError {
     )]
     Preflight(Vec<Finding>),
     #[error("{cluster}: {message}")]
-    Refused { cluster: String, message: String },
+    Refused { cluster: On, message: String },
+    /// A move the planner refused to start or go on with, as it said.
+    #[error("{cluster}: {why}")]
+    MoveRefused {
+        cluster: Label,
+        why: super::move_plan::Refusal,
+    },
+    /// Where a command needs SIGINT and SIGTERM caught (from a move's checks until clusterctl
+    /// is done) and cannot, it writes nothing more.
+    #[error("handoff: {0}")]
+    CannotCatch(#[from] super::runner::CannotCatch),
     /// A backup that failed and was put back: why, as recorded.
     #[error("{0}")]
     Failed(String),
@@ -150,32 +225,17 @@ pub enum WindowError {
         "{cluster}: timed out after {after:?} {what}; the window stays as it is: run the same command again to resume"
     )]
     Timeout {
-        cluster: String,
+        cluster: On,
         after: Duration,
         what: String,
     },
 }
 
-/// Where a command needs SIGINT and SIGTERM caught (from a move's checks until clusterctl is
-/// done) and cannot, it writes nothing more.
-impl From<super::runner::CannotCatch> for WindowError {
-    fn from(e: super::runner::CannotCatch) -> WindowError {
-        WindowError::Refused {
-            cluster: "handoff".into(),
-            message: e.to_string(),
-        }
-    }
-}
-
 pub type Result<T> = std::result::Result<T, WindowError>;
 
 /// The clusters an error is about, as one label (`target+source`).
-pub fn labels<'a>(clusters: impl IntoIterator<Item = &'a Cluster>) -> String {
-    clusters
-        .into_iter()
-        .map(|c| c.label.as_str())
-        .collect::<Vec<_>>()
-        .join("+")
+pub fn labels<'a>(clusters: impl IntoIterator<Item = &'a Cluster>) -> On {
+    On(clusters.into_iter().map(|c| c.label).collect())
 }
 
 /// What to do when the API server refused a write because one of handoff's own fail-closed
@@ -198,7 +258,7 @@ pub fn handoff_webhook_down(e: &kube::Error) -> String {
 }
 
 pub fn api_err(c: &Cluster, action: impl Into<String>) -> impl FnOnce(kube::Error) -> WindowError {
-    let cluster = c.label.clone();
+    let cluster = c.label.into();
     let action = action.into();
     move |source| WindowError::Api {
         cluster,
@@ -313,7 +373,7 @@ pub async fn record(
             .or_else(|| status.move_record.as_ref()?.phase.known(name).err());
         if let Some(e) = unknown {
             return Err(WindowError::Refused {
-                cluster: c.label.clone(),
+                cluster: c.label.into(),
                 message: e.to_string(),
             });
         }
@@ -335,7 +395,7 @@ pub async fn record(
         }
     }
     Err(WindowError::Refused {
-        cluster: c.label.clone(),
+        cluster: c.label.into(),
         message: format!("MoveWindow {name} kept changing under us; run the command again"),
     })
 }

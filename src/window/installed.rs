@@ -221,7 +221,7 @@ pub async fn ensure_crd(c: &Cluster, window: &str) -> Result<()> {
         }
     }
     Err(WindowError::Refused {
-        cluster: c.label.clone(),
+        cluster: c.label.into(),
         message: format!(
             "CustomResourceDefinition {CRD_NAME} kept changing under us; run the command again"
         ),
@@ -248,7 +248,7 @@ async fn established(c: &Cluster, api: &Api<CustomResourceDefinition>) -> Result
         }
         if start.elapsed() > Duration::from_secs(60) {
             return Err(WindowError::Refused {
-                cluster: c.label.clone(),
+                cluster: c.label.into(),
                 message: format!(
                     "CustomResourceDefinition {CRD_NAME} is not Established after 60s"
                 ),
@@ -399,7 +399,7 @@ pub async fn remove(c: &Cluster, window: &str) -> Result<Vec<String>> {
         return Ok(removed);
     }
     Err(WindowError::Refused {
-        cluster: c.label.clone(),
+        cluster: c.label.into(),
         message: format!(
             "CustomResourceDefinition {CRD_NAME} kept changing under us; run the command again"
         ),

@@ -55,7 +55,7 @@ pub async fn whoami(c: &Cluster) -> Result<String> {
         .and_then(|u| u.username)
         .filter(|u| !u.is_empty())
         .ok_or_else(|| WindowError::Refused {
-            cluster: c.label.clone(),
+            cluster: c.label.into(),
             message: "the API server's SelfSubjectReview names no user, so a held Lease could name no operator".into(),
         })
 }
@@ -95,7 +95,7 @@ pub async fn take(
     loop {
         let Some(l) = read(c, ns, name).await? else {
             return Err(WindowError::Refused {
-                cluster: c.label.clone(),
+                cluster: c.label.into(),
                 message: format!(
                     "Lease {ns}/{name} is gone since the window chose it; run the command again to choose anew"
                 ),
@@ -117,7 +117,7 @@ pub async fn take(
             }
             TakePlan::Refuse(message) => {
                 return Err(WindowError::Refused {
-                    cluster: c.label.clone(),
+                    cluster: c.label.into(),
                     message,
                 });
             }
@@ -154,7 +154,7 @@ pub async fn take(
         }
     }
     Err(WindowError::Refused {
-        cluster: c.label.clone(),
+        cluster: c.label.into(),
         message: format!("Lease {ns}/{name} kept changing under us; run the command again"),
     })
 }
@@ -202,7 +202,7 @@ pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<
         }
     }
     Err(WindowError::Refused {
-        cluster: c.label.clone(),
+        cluster: c.label.into(),
         message: format!("Lease {ns}/{name} kept changing under us; run the command again"),
     })
 }

@@ -32,7 +32,7 @@ pub mod window_next;
 pub mod window_webhook;
 
 pub use close::{CLOSE_POLL, CLOSE_SETTLE, CloseOptions, Restored, close};
-pub use common::{Cluster, Finding, WindowError};
+pub use common::{Cluster, Finding, Label, On, WindowError};
 pub use mover::{DirectoryOptions, MOVE_POLL, MoveOptions, directory_run, run as move_run};
 pub use open::{OPEN_POLL, OpenOptions, check, open, plan_open};
 pub use preflight::preflight;

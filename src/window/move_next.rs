@@ -10,7 +10,9 @@ mod reached;
 pub use reached::{AbortAt, Begun, FinishAt, MoveAt, Path, Reached, Seen, Span, SpanAt};
 
 use super::declare::{Of, steps};
-use super::move_plan::{self, BlockMoveOn, ClusterSeen, Start, StartError, abort_refused};
+use super::move_plan::{
+    self, BlockMoveOn, ClusterSeen, ClusterctlVersion, Refusal, Start, StartError, abort_refused,
+};
 use super::planner::{Catch, ExitStatus, Interrupt, Observation, Planner, Verdict};
 use crate::resources::move_window::{MoveRecord, MoveRole};
 use crate::resources::phase::MovePhase;
@@ -38,6 +40,8 @@ pub struct Observed {
     pub classes: Seen<Vec<ClusterSeen>>,
     /// Whether clusterctl had begun deleting from the source.
     pub deleting: Seen<bool>,
+    /// What `clusterctl version -o short` said.
+    pub version: Seen<String>,
 }
 
 impl Observed {
@@ -56,6 +60,9 @@ impl Observed {
     }
     pub fn deleting(&self) -> bool {
         *self.deleting.get("whether clusterctl had begun deleting")
+    }
+    pub fn version(&self) -> &str {
+        self.version.get("clusterctl's version")
     }
 }
 
@@ -96,9 +103,10 @@ pub enum Step names StepName {
     /// Say how this run begins; nothing is written.
     Begin(Begun),
     /// Stop, writing nothing more, and say which cluster refused and why.
-    Refuse { cluster: MoveRole, message: String },
-    /// Both clusters' stops checked (the preflight) and clusterctl's version; nothing written.
-    Check,
+    Refuse { cluster: MoveRole, why: Refusal },
+    /// Both clusters' stops checked (the preflight); clusterctl's version was read before it,
+    /// and `warn` is what the planner could not tell from it. Nothing written.
+    Check { warn: Option<ClusterctlVersion> },
     /// A resumed move: the source's controllers run again, what clusterctl paused unpaused.
     PutSourceBack,
     /// A move resumed after clusterctl began deleting: the source stays stopped (opened and
@@ -296,6 +304,8 @@ pub struct Reads {
     /// Whether clusterctl had begun deleting (a scan of every moved kind): only where a
     /// recorded move is picked up.
     pub deletes: bool,
+    /// clusterctl's version: before the checks of a move (not of an `--abort`).
+    pub version: bool,
 }
 
 /// Whether the record is read before the next step: not while clusterctl runs, where nothing
@@ -317,6 +327,7 @@ pub fn reads(asked: &Asked, record: Option<&MoveRecord>, reached: &Reached) -> R
             clusters: picking_up || done,
             classes: picking_up || done,
             deletes: picking_up,
+            version: false,
         };
     };
     let clusters = match &b.path {
@@ -333,13 +344,24 @@ pub fn reads(asked: &Asked, record: Option<&MoveRecord>, reached: &Reached) -> R
         clusters,
         classes: clusters || unpausing,
         deletes: false,
+        version: matches!(b.path, Path::Move(MoveAt::Begun)),
     }
 }
 
-fn refuse(cluster: MoveRole, message: impl ToString) -> Step {
+fn refuse(cluster: MoveRole, why: impl Into<Refusal>) -> Step {
     Step::Refuse {
         cluster,
-        message: message.to_string(),
+        why: why.into(),
+    }
+}
+
+/// A clusterctl older than its block-move wait is refused: nothing would hold its copy until
+/// both clusters are proven stopped. One whose version cannot be read is warned about.
+fn check(seen: &Observed) -> Step {
+    match move_plan::block_move_honoured(seen.version()) {
+        Ok(()) => Step::Check { warn: None },
+        Err(e @ ClusterctlVersion::TooOld(_)) => refuse(MoveRole::Source, e),
+        Err(e) => Step::Check { warn: Some(e) },
     }
 }
 
@@ -496,7 +518,7 @@ fn next_restore(b: &Begun, at: FinishAt, record: Option<&MoveRecord>, seen: &Obs
 fn next_move(asked: &Asked, b: &Begun, at: &MoveAt, seen: &Observed) -> Step {
     let source_stopped = b.start == Start::ResumeStopped;
     match at {
-        MoveAt::Begun => Step::Check,
+        MoveAt::Begun => check(seen),
         MoveAt::Checked if b.start != Start::Fresh => match source_stopped {
             true => Step::KeepSourceStopped,
             false => Step::PutSourceBack,

@@ -93,28 +93,80 @@ pub fn classes_left_behind(
 /// What is paused in the source before a move starts, which clusterctl refuses to move
 /// (`checkClustersNotPaused`, `checkClusterClassesNotPaused`, v1.12+), said with the command
 /// that unpauses each; `None` when nothing is.
-pub fn paused_before(clusters: &[ClusterSeen], classes: &[ClusterSeen]) -> Option<String> {
-    let mut lines = Vec::new();
-    for c in clusters.iter().filter(|c| c.paused) {
-        let (ns, name) = c.key.split_once('/').unwrap_or(("", &c.key));
-        lines.push(format!(
-            "Cluster {}: kubectl -n {ns} patch clusters.cluster.x-k8s.io {name} --type merge -p '{{\"spec\":{{\"paused\":false}}}}'",
-            c.key
-        ));
+pub fn paused_before(clusters: &[ClusterSeen], classes: &[ClusterSeen]) -> Option<Paused> {
+    let keys = |v: &[ClusterSeen]| -> Vec<String> {
+        v.iter()
+            .filter(|c| c.paused)
+            .map(|c| c.key.clone())
+            .collect()
+    };
+    let p = Paused {
+        clusters: keys(clusters),
+        classes: keys(classes),
+    };
+    (!p.clusters.is_empty() || !p.classes.is_empty()).then_some(p)
+}
+
+/// The Clusters and ClusterClasses (`namespace/name`) paused before a move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paused {
+    pub clusters: Vec<String>,
+    pub classes: Vec<String>,
+}
+
+impl std::fmt::Display for Paused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("these are paused, and clusterctl move refuses to start while any Cluster or ClusterClass it would move is (since v1.12); unpause them, or move without them:")?;
+        let split = |k: &str| -> (String, String) {
+            let (ns, name) = k.split_once('/').unwrap_or(("", k));
+            (ns.to_string(), name.to_string())
+        };
+        for k in &self.clusters {
+            let (ns, name) = split(k);
+            write!(
+                f,
+                "\n  Cluster {k}: kubectl -n {ns} patch clusters.cluster.x-k8s.io {name} --type merge -p '{{\"spec\":{{\"paused\":false}}}}'"
+            )?;
+        }
+        for k in &self.classes {
+            let (ns, name) = split(k);
+            write!(
+                f,
+                "\n  ClusterClass {k}: kubectl -n {ns} annotate clusterclasses.cluster.x-k8s.io {name} {PAUSED_ANNOTATION}-"
+            )?;
+        }
+        Ok(())
     }
-    for c in classes.iter().filter(|c| c.paused) {
-        let (ns, name) = c.key.split_once('/').unwrap_or(("", &c.key));
-        lines.push(format!(
-            "ClusterClass {}: kubectl -n {ns} annotate clusterclasses.cluster.x-k8s.io {name} {PAUSED_ANNOTATION}-",
-            c.key
-        ));
+}
+
+impl std::error::Error for Paused {}
+
+/// Why the move's planner refuses to start or to go on: kept typed from the planner to the
+/// command line, which says it once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// `--abort` past the point where the source could be put back (`abort_refused`).
+    #[error(
+        "cannot abort the move of namespace {namespace}: {}, so an abort cannot put it back (the source's controllers would re-create what was deleted); run the same command without --abort to finish the move (if the target cannot take it, `handoff window close` on each cluster restores the controllers by hand)",
+        past(.start)
+    )]
+    AbortPast { namespace: String, start: Start },
+    #[error(transparent)]
+    Paused(#[from] Paused),
+    #[error(transparent)]
+    BlockMove(#[from] BlockMoveError),
+    #[error(transparent)]
+    Clusterctl(#[from] ClusterctlVersion),
+}
+
+fn past(start: &Start) -> &'static str {
+    match start {
+        Start::ResumeStopped => "clusterctl had begun deleting it from the source",
+        Start::FinishTarget => "clusterctl had copied it and deleted it from the source",
+        _ => "clusterctl had moved it",
     }
-    (!lines.is_empty()).then(|| {
-        format!(
-            "these are paused, and clusterctl move refuses to start while any Cluster or ClusterClass it would move is (since v1.12); unpause them, or move without them:\n  {}",
-            lines.join("\n  ")
-        )
-    })
 }
 
 /// Where a run starts, from what the target's window recorded.
@@ -240,16 +292,16 @@ pub fn resume(
 /// deleting from the source (or has moved everything), restarting the source's controllers
 /// would re-create what was deleted and the namespace would be whole in neither cluster. The
 /// only way on is forward: the same command finishes the move.
-pub fn abort_refused(start: &Start, namespace: &str) -> Option<String> {
-    let what = match start {
-        Start::ResumeStopped => "clusterctl had begun deleting it from the source",
-        Start::FinishTarget => "clusterctl had copied it and deleted it from the source",
-        Start::RestoreOnly => "clusterctl had moved it",
-        Start::Fresh | Start::Resume | Start::Tidy => return None,
-    };
-    Some(format!(
-        "cannot abort the move of namespace {namespace}: {what}, so an abort cannot put it back (the source's controllers would re-create what was deleted); run the same command without --abort to finish the move (if the target cannot take it, `handoff window close` on each cluster restores the controllers by hand)"
-    ))
+pub fn abort_refused(start: &Start, namespace: &str) -> Option<Refusal> {
+    match start {
+        Start::ResumeStopped | Start::FinishTarget | Start::RestoreOnly => {
+            Some(Refusal::AbortPast {
+                namespace: namespace.to_string(),
+                start: start.clone(),
+            })
+        }
+        Start::Fresh | Start::Resume | Start::Tidy => None,
+    }
 }
 
 /// The first clusterctl that waits for `clusterctl.cluster.x-k8s.io/block-move`
@@ -846,7 +898,8 @@ mod tests {
             &[c("ns/a", true, None)],
             &[c("classes/quick", true, None), c("ns/local", false, None)],
         )
-        .unwrap();
+        .unwrap()
+        .to_string();
         assert!(
             why.contains("Cluster ns/a: kubectl -n ns patch clusters.cluster.x-k8s.io a"),
             "{why}"
@@ -972,7 +1025,7 @@ mod tests {
             Start::FinishTarget,
             Start::RestoreOnly,
         ] {
-            let why = abort_refused(&s, "ns1").expect("refused");
+            let why = abort_refused(&s, "ns1").expect("refused").to_string();
             assert!(
                 why.contains("namespace ns1") && why.contains("without --abort"),
                 "{why}"

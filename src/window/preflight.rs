@@ -102,7 +102,7 @@ pub async fn preflight(
                     continue;
                 }
                 findings.extend(callers.iter().map(|hook| Finding {
-                    cluster: c.label.clone(),
+                    cluster: c.label,
                     deployment: format!("{ns}/{}", dep_key(d).1),
                     service: format!("{ns}/{svc_name}"),
                     hook: hook.clone(),
@@ -209,10 +209,11 @@ async fn conversion_webhooks(c: &Cluster, hooks: &mut Hooks) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::window::Label;
 
-    fn f(cluster: &str, deployment: &str, service: &str, hook: &str) -> Finding {
+    fn f(cluster: Label, deployment: &str, service: &str, hook: &str) -> Finding {
         Finding {
-            cluster: cluster.into(),
+            cluster,
             deployment: deployment.into(),
             service: service.into(),
             hook: hook.into(),
@@ -223,31 +224,31 @@ mod tests {
     fn one_line_per_deployment_with_what_it_backs() {
         let findings = [
             f(
-                "target",
+                Label::Target,
                 "capi-system/capi-controller-manager",
                 "capi-system/capi-webhook-service",
                 "ValidatingWebhookConfiguration v webhook a (failurePolicy Fail)",
             ),
             f(
-                "target",
+                Label::Target,
                 "capd-system/capd-controller-manager",
                 "capd-system/capd-webhook-service",
                 "CustomResourceDefinition x conversion webhook (conversion always fails closed)",
             ),
             f(
-                "target",
+                Label::Target,
                 "capi-system/capi-controller-manager",
                 "capi-system/capi-webhook-service",
                 "MutatingWebhookConfiguration m webhook b (failurePolicy Fail)",
             ),
             f(
-                "target",
+                Label::Target,
                 "capi-system/capi-controller-manager",
                 "capi-system/capi-webhook-service",
                 "CustomResourceDefinition y conversion webhook (conversion always fails closed)",
             ),
             f(
-                "source",
+                Label::Source,
                 "capi-system/capi-controller-manager",
                 "capi-system/capi-webhook-service",
                 "ValidatingWebhookConfiguration v webhook a (failurePolicy Fail)",

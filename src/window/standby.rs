@@ -142,7 +142,7 @@ async fn until(
         }
         if start.elapsed() >= timeout {
             return Err(WindowError::Timeout {
-                cluster: c.label.clone(),
+                cluster: c.label.into(),
                 after: timeout,
                 what,
             });

@@ -8,7 +8,7 @@ use kube::Api;
 use kube::api::ListParams;
 use serde::Serialize;
 
-use super::common::{Cluster, Result, api_err, dep_key, read_window, selected_deployments};
+use super::common::{Cluster, Label, Result, api_err, dep_key, read_window, selected_deployments};
 use super::lease;
 use crate::resources::move_window::{
     MoveRole, MoveWindow, PinnedDeployment, Strategy, WindowState,
@@ -18,7 +18,7 @@ use crate::rules::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
 /// One window as `handoff window status` reports it, with the live state of its Deployments.
 #[derive(Debug, Clone, Serialize)]
 pub struct WindowReport {
-    pub cluster: String,
+    pub cluster: Label,
     pub name: String,
     pub state: WindowState,
     pub phase: Option<String>,
@@ -118,7 +118,7 @@ async fn window_report(c: &Cluster, w: &MoveWindow, own: &OwnDeployment) -> Resu
         deployments.push(deployment_report(c, ns, dname, rec).await?);
     }
     Ok(WindowReport {
-        cluster: c.label.clone(),
+        cluster: c.label,
         name: w.metadata.name.clone().unwrap_or_default(),
         state: w.spec.state,
         phase: status.phase.as_ref().map(|p| p.to_string()),

@@ -50,7 +50,7 @@ pub async fn release_leases(
     }
     if !left.is_empty() {
         return Err(WindowError::Timeout {
-            cluster: c.label.clone(),
+            cluster: c.label.into(),
             after: opts.lead_timeout,
             what: format!(
                 "waiting for a pod to lead again: {} (the Leases are free; are its pods running? `kubectl get pods` and their logs tell)",
@@ -266,7 +266,7 @@ async fn wait_leading(
         }
     }
     Ok(Some(Restored {
-        cluster: c.label.clone(),
+        cluster: c.label,
         deployment: what,
         strategy: Strategy::Lease,
         replicas: r.replicas.unwrap_or(0),

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::common::now;
 use super::common::{
-    Cluster, Result, WindowError, api_err, labels, read_windows, record, set_state,
+    Cluster, Label, Result, WindowError, api_err, labels, read_windows, record, set_state,
 };
 use super::lease;
 use super::runner::{self, Performer, Publish};
@@ -48,7 +48,7 @@ pub struct CloseOptions {
 /// What `close` did to one Deployment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Restored {
-    pub cluster: String,
+    pub cluster: Label,
     pub deployment: String,
     pub strategy: Strategy,
     /// Scale: the count restored. Lease: the count it runs.
@@ -111,7 +111,7 @@ impl Performer<ClosePlanner> for CloseRunner<'_, '_> {
             CloseStep::Refuse { cluster, message } => {
                 return Err(WindowError::Refused {
                     cluster: match cluster {
-                        Some(i) => clusters[*i].label.clone(),
+                        Some(i) => clusters[*i].label.into(),
                         None => labels(clusters),
                     },
                     message: message.clone(),
@@ -293,7 +293,7 @@ async fn close_deleted(
             }
         }
         restored.push(Restored {
-            cluster: c.label.clone(),
+            cluster: c.label,
             deployment: format!("{ns}/(Lease {l})"),
             strategy: Strategy::Lease,
             replicas: 0,

@@ -48,7 +48,7 @@ async fn restore_deployment(
         }
         if start.elapsed() >= opts.restore_timeout {
             return Err(WindowError::Timeout {
-                cluster: c.label.clone(),
+                cluster: c.label.into(),
                 after: opts.restore_timeout,
                 what: format!(
                     "restoring {ns}/{name}: something (a handoff replica that has not seen the window close?) keeps pinning it"
@@ -82,7 +82,7 @@ pub async fn restore_all(
     out: &mut Progress,
 ) -> Result<Vec<Restored>> {
     let selector = w.spec.selector().map_err(|e| WindowError::Refused {
-        cluster: c.label.clone(),
+        cluster: c.label.into(),
         message: format!("MoveWindow {}: {e}", opts.name),
     })?;
     let others = open_others(c, opts).await?;
@@ -209,7 +209,7 @@ async fn restore_scaled(
         }
     }
     Ok(Some(Restored {
-        cluster: c.label.clone(),
+        cluster: c.label,
         deployment: format!("{ns}/{name}"),
         strategy: Strategy::Scale,
         replicas: count,
@@ -276,7 +276,7 @@ async fn settle(
         }
         if settling.elapsed() >= opts.restore_timeout {
             return Err(WindowError::Timeout {
-                cluster: c.label.clone(),
+                cluster: c.label.into(),
                 after: opts.restore_timeout,
                 what: "waiting for restored Deployments to stay restored (is a handoff replica still seeing the window open?)".into(),
             });

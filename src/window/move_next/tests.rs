@@ -6,6 +6,9 @@ use MoveRole::{Source, Target};
 
 const NS: &str = "clusters";
 
+/// The checks of a clusterctl whose version says it waits for block-move.
+const CHECK: Step = Step::Check { warn: None };
+
 fn asked(abort: bool) -> Asked {
     Asked {
         window: "move-clusters".into(),
@@ -34,13 +37,29 @@ fn record(phase: MovePhase, exit: Option<i32>) -> MoveRecord {
 
 /// What both clusters hold, as a test sets it up; the planner sees of it only what `reads`
 /// asks for (`observed`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct World {
     source: Vec<ClusterSeen>,
     target: Vec<ClusterSeen>,
     class_users: Vec<ClusterSeen>,
     classes: Vec<ClusterSeen>,
     deleting: bool,
+    /// What `clusterctl version -o short` says.
+    version: String,
+}
+
+/// Nothing in either cluster, and a clusterctl that waits for block-move.
+impl Default for World {
+    fn default() -> World {
+        World {
+            source: Vec::new(),
+            target: Vec::new(),
+            class_users: Vec::new(),
+            classes: Vec::new(),
+            deleting: false,
+            version: "v1.13.0".into(),
+        }
+    }
 }
 
 /// What the driver would read of `world` for `reads`: nothing else.
@@ -56,6 +75,10 @@ fn observed(world: &World, reads: &Reads) -> Observed {
         classes: read(reads.classes, &world.classes),
         deleting: match reads.deletes {
             true => Seen::Read(world.deleting),
+            false => Seen::NotRead,
+        },
+        version: match reads.version {
+            true => Seen::Read(world.version.clone()),
             false => Seen::NotRead,
         },
     }
@@ -199,9 +222,9 @@ fn clusterctl_ran(exit: i32) -> Vec<Step> {
     ]
 }
 
-fn refused(steps: &[Step]) -> (MoveRole, &str) {
+fn refused(steps: &[Step]) -> (MoveRole, String) {
     match steps.last() {
-        Some(Step::Refuse { cluster, message }) => (*cluster, message),
+        Some(Step::Refuse { cluster, why }) => (*cluster, why.to_string()),
         s => panic!("not refused: {s:?} in {steps:?}"),
     }
 }
@@ -210,7 +233,7 @@ fn refused(steps: &[Step]) -> (MoveRole, &str) {
 fn a_new_move_stops_the_target_holds_clusterctl_and_restores_the_target_first() {
     let mut want = vec![
         began(Start::Fresh),
-        Step::Check,
+        CHECK,
         stop_target(Start::Fresh),
         hold(),
     ];
@@ -287,7 +310,7 @@ fn every_way_out_after_the_block_move_lifts_it_then_records_the_failure() {
 fn a_move_refuses_before_it_writes_anything_what_clusterctl_or_its_hold_could_not_take() {
     let check = |seen: World| {
         let steps = moved(&asked(false), None, &seen);
-        assert_eq!(steps[..2], [began(Start::Fresh), Step::Check]);
+        assert_eq!(steps[..2], [began(Start::Fresh), CHECK]);
         assert_eq!(steps.len(), 3, "{steps:?}");
         let (cluster, message) = refused(&steps);
         assert_eq!(cluster, Source);
@@ -306,10 +329,46 @@ fn a_move_refuses_before_it_writes_anything_what_clusterctl_or_its_hold_could_no
         ..before()
     });
     assert!(class.contains("clusters/class"), "{class}");
-    assert!(check(World::default()).contains("no Cluster"));
+    let empty = World {
+        source: vec![],
+        ..before()
+    };
+    assert!(check(empty).contains("no Cluster"));
     let mut theirs = before();
     theirs.source[0].block_move = Some("".into());
     assert!(check(theirs).contains("not handoff's"));
+}
+
+#[test]
+fn a_clusterctl_older_than_its_block_move_wait_is_refused_and_one_unread_is_warned_of() {
+    let old = World {
+        version: "v1.5.3".into(),
+        ..before()
+    };
+    let steps = moved(&asked(false), None, &old);
+    assert_eq!(steps.len(), 2, "nothing after the refusal: {steps:?}");
+    let (cluster, message) = refused(&steps);
+    assert_eq!(cluster, Source);
+    assert!(
+        message.contains("clusterctl v1.5.3 is older than v1.6"),
+        "{message}"
+    );
+    let odd = World {
+        version: "devel".into(),
+        ..before()
+    };
+    let steps = moved(&asked(false), None, &odd);
+    assert!(
+        matches!(&steps[1], Step::Check { warn: Some(w) } if w.to_string().contains("\"devel\"")),
+        "{steps:?}"
+    );
+    assert_eq!(steps.last(), Some(&Step::Done), "{steps:?}");
+    // An --abort runs no clusterctl: its version is not read, nor checked.
+    let abort = walk(&asked(true), None, &old, 0, None);
+    assert!(
+        !abort.iter().any(|s| matches!(s, Step::Refuse { .. })),
+        "{abort:?}"
+    );
 }
 
 #[test]
@@ -328,7 +387,7 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
             steps[..4],
             [
                 began(Start::Resume),
-                Step::Check,
+                CHECK,
                 Step::PutSourceBack,
                 stop_target(Start::Resume),
             ],
@@ -347,7 +406,7 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
     };
     let mut want = vec![
         began(Start::ResumeStopped),
-        Step::Check,
+        CHECK,
         Step::KeepSourceStopped,
         Step::StopTarget {
             block_move: BlockMoveOn::default(),
@@ -491,6 +550,7 @@ fn read(clusters: bool, classes: bool, deletes: bool) -> Reads {
         clusters,
         classes,
         deletes,
+        version: false,
     }
 }
 
@@ -521,13 +581,18 @@ fn the_clusters_are_read_only_where_a_step_may_need_them() {
         read(false, false, false)
     );
     for before_taken in [MoveAt::Begun, MoveAt::Checked, MoveAt::SourcePrepared] {
+        // clusterctl's version only for the checks.
+        let version = before_taken == MoveAt::Begun;
         assert_eq!(
             reads(
                 &asked(false),
                 None,
                 &at(Start::Fresh, Path::Move(before_taken))
             ),
-            read(true, true, false)
+            Reads {
+                version,
+                ..read(true, true, false)
+            }
         );
     }
     let taken = MoveAt::TargetTaken(BlockMoveOn::default());
@@ -580,7 +645,7 @@ fn the_clusters_are_read_only_where_a_step_may_need_them() {
 #[test]
 fn a_step_the_planner_never_gives_from_where_the_run_is_stops_it() {
     for (reached, step) in [
-        (Reached::New, Step::Check),
+        (Reached::New, CHECK),
         (at(Start::Fresh, Path::Move(MoveAt::Begun)), hold()),
         (
             at(Start::Fresh, Path::Finish(FinishAt::TargetBack)),

@@ -66,7 +66,7 @@ fn spawn(opts: &MoveOptions, source: &Cluster, out: &Progress) -> Result<Child> 
         json,
     )
     .map_err(|e| WindowError::Refused {
-        cluster: source.label.clone(),
+        cluster: source.label.into(),
         message: e.to_string(),
     })
 }
@@ -391,7 +391,7 @@ pub async fn dry_run(
     ));
     let mut child = spawn(opts, source, out)?;
     let status = child.wait().await.map_err(|e| WindowError::Refused {
-        cluster: source.label.clone(),
+        cluster: source.label.into(),
         message: format!("waiting for clusterctl: {e}"),
     })?;
     match status.code {

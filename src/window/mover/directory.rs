@@ -114,7 +114,7 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
     let reached = runner::run(&planner, &mut x, Publish::Top(&o.step_label)).await?;
     match reached.ended {
         Ended::Refused(message) => Err(WindowError::Refused {
-            cluster: c.label.clone(),
+            cluster: c.label.into(),
             message,
         }),
         // handoff exits with clusterctl's code, as a move does.
@@ -355,7 +355,7 @@ async fn wait_unblocked(
         };
         if Instant::now() >= deadline {
             return Err(WindowError::Refused {
-                cluster: c.label.clone(),
+                cluster: c.label.into(),
                 message: format!(
                     "still waiting for {why} after {}s (--wait-timeout): the providers hold the namespace; run the same command again once they are done",
                     o.open.wait_timeout.as_secs()
@@ -386,12 +386,12 @@ async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Re
     let mut child =
         Child::spawn(&o.clusterctl, args, out.format() == Format::Json).map_err(|e| {
             WindowError::Refused {
-                cluster: c.label.clone(),
+                cluster: c.label.into(),
                 message: e.to_string(),
             }
         })?;
     let status = child.wait().await.map_err(|e| WindowError::Refused {
-        cluster: c.label.clone(),
+        cluster: c.label.into(),
         message: format!("waiting for clusterctl: {e}"),
     })?;
     out.say(format!(

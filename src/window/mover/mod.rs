@@ -171,7 +171,7 @@ impl Mover<'_> {
 
     fn refused(&self, role: MoveRole, message: impl Into<String>) -> WindowError {
         WindowError::Refused {
-            cluster: self.cluster(role).label.clone(),
+            cluster: self.cluster(role).label.into(),
             message: message.into(),
         }
     }
@@ -198,6 +198,12 @@ impl Mover<'_> {
         }
         if reads.deletes {
             seen.deleting = Seen::Read(deleting(source, target, ns, self.out).await?);
+        }
+        if reads.version {
+            let said = super::child::version(&self.opts.clusterctl)
+                .await
+                .map_err(|e| self.refused(MoveRole::Source, e.to_string()))?;
+            seen.version = Seen::Read(said);
         }
         Ok(seen)
     }

@@ -3,7 +3,6 @@
 
 use serde_json::json;
 
-use super::super::child;
 use super::super::close::{close, say_removed};
 use super::super::common::{Result, WindowError, now, read_window};
 use super::super::move_next::{Begun, Found, Observed, Outcome, Step};
@@ -33,8 +32,11 @@ impl Mover<'_> {
     ) -> Result<Found> {
         match step {
             Step::Begin(b) => self.begin_run(b, r),
-            Step::Refuse { cluster, message } => Err(self.refused(*cluster, message.clone())),
-            Step::Check => self.check().await,
+            Step::Refuse { cluster, why } => Err(WindowError::MoveRefused {
+                cluster: self.cluster(*cluster).label,
+                why: why.clone(),
+            }),
+            Step::Check { warn } => self.check(warn.as_ref()).await,
             Step::PutSourceBack => self.put_source_back(self.recorded(r)?).await,
             Step::KeepSourceStopped => self.keep_source_stopped(self.recorded(r)?, ns).await,
             Step::StopTarget {
@@ -162,9 +164,12 @@ impl Mover<'_> {
         Ok(())
     }
 
-    /// Before anything is written: both clusters' stops must be possible, and clusterctl must
-    /// wait for block-move (all that holds its copy until both clusters are proven stopped).
-    async fn check(&mut self) -> Result<()> {
+    /// Before anything is written: both clusters' stops must be possible. What the planner
+    /// could not tell of clusterctl's version is said here, once.
+    async fn check(&mut self, warn: Option<&move_plan::ClusterctlVersion>) -> Result<()> {
+        if let Some(w) = warn {
+            self.out.warn(w);
+        }
         let p = phase(
             self.out,
             "checking how each controller would be stopped, in both clusters",
@@ -181,19 +186,6 @@ impl Mover<'_> {
             self.out,
         )
         .await?;
-        match move_plan::block_move_honoured(
-            &child::version(&self.opts.clusterctl)
-                .await
-                .map_err(|e| self.refused(MoveRole::Source, e.to_string()))?,
-        ) {
-            Ok(()) => {}
-            Err(e @ move_plan::ClusterctlVersion::TooOld(_)) => {
-                return Err(self.refused(MoveRole::Source, e.to_string()));
-            }
-            Err(e) => {
-                self.out.warn(e);
-            }
-        }
         p.done(self.out, "checked");
         // Said once: the opens after this check again, quietly.
         self.target_opts.quiet_preflight = true;

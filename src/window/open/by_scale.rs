@@ -62,7 +62,7 @@ pub async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut Progres
         }
     }
     Err(WindowError::Refused {
-        cluster: c.label.clone(),
+        cluster: c.label.into(),
         message: format!("Deployment {ns}/{name} kept changing under us; run the command again"),
     })
 }
@@ -127,7 +127,7 @@ pub async fn remaining_pods(
             continue;
         };
         let sel = Selector::from_label_selector(sel).map_err(|e| WindowError::Refused {
-            cluster: c.label.clone(),
+            cluster: c.label.into(),
             message: format!("Deployment {ns}/{name}: {e}"),
         })?;
         if sel.0.is_empty() {

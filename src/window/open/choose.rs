@@ -98,7 +98,7 @@ pub async fn choose(
         let stop = match plan::choose_stop(policy, &what, rec, &claims) {
             StopChoice::Refuse(message) => {
                 return Err(WindowError::Refused {
-                    cluster: c.label.clone(),
+                    cluster: c.label.into(),
                     message,
                 });
             }
@@ -112,7 +112,7 @@ pub async fn choose(
                         // it, and the next run takes it from there.
                         None => {
                             return Err(WindowError::Refused {
-                                cluster: c.label.clone(),
+                                cluster: c.label.into(),
                                 message: format!(
                                     "{what}: the window recorded Lease {ns}/{n}, which no longer exists; wait until a replica re-creates it (it leads meanwhile) and run the command again"
                                 ),
@@ -275,7 +275,7 @@ pub async fn in_force(
     opts: &OpenOptions,
 ) -> Result<(Selector, StopPolicy, Vec<PinnedDeployment>)> {
     let refused = |message: String| WindowError::Refused {
-        cluster: c.label.clone(),
+        cluster: c.label.into(),
         message,
     };
     let Some(w) = read_window(c, &opts.name).await? else {

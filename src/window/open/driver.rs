@@ -97,7 +97,7 @@ impl Performer<OpenPlanner> for OpenRun<'_, '_> {
         let (o, out) = (&mut self.o, &mut *self.out);
         match step {
             OpenStep::Refuse { cluster, message } => Err(WindowError::Refused {
-                cluster: o.clusters[*cluster].label.clone(),
+                cluster: o.clusters[*cluster].label.into(),
                 message: message.clone(),
             }),
             OpenStep::Check => o.check(out).await,
@@ -199,7 +199,7 @@ async fn operators(
                 .find_map(|l| plan::held_for_another(l, &opts.name, &me))
             {
                 return Err(WindowError::Refused {
-                    cluster: c.label.clone(),
+                    cluster: c.label.into(),
                     message: format!("{}: {message}", ch.what()),
                 });
             }

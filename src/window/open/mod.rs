@@ -556,7 +556,7 @@ async fn still_held(t: &Taken) -> Result<()> {
                 continue;
             };
             return Err(WindowError::Refused {
-                cluster: c.label.clone(),
+                cluster: c.label.into(),
                 message: format!(
                     "{}: Lease {}/{} was taken back by {} while MoveWindow {} held it, so its controllers may be running: the same command again takes it again and proves it anew",
                     ch.what(),
