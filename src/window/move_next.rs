@@ -42,6 +42,15 @@ pub struct Observed {
     pub deleting: Seen<bool>,
     /// What `clusterctl version -o short` said.
     pub version: Seen<String>,
+    /// Whether the source's window is open.
+    pub source_open: Seen<bool>,
+}
+
+/// The source's Clusters and ClusterClasses (`namespace/name`) to unpause.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unpause {
+    pub clusters: Vec<String>,
+    pub classes: Vec<String>,
 }
 
 impl Observed {
@@ -63,6 +72,9 @@ impl Observed {
     }
     pub fn version(&self) -> &str {
         self.version.get("clusterctl's version")
+    }
+    pub fn source_open(&self) -> bool {
+        *self.source_open.get("whether the source's window is open")
     }
 }
 
@@ -108,10 +120,14 @@ pub enum Step names StepName {
     /// and `warn` is what the planner could not tell from it. Nothing written.
     Check { warn: Option<ClusterctlVersion> },
     /// A resumed move: the source's controllers run again, what clusterctl paused unpaused.
-    PutSourceBack,
+    PutSourceBack {
+        /// The source's window is open (an earlier attempt stopped it): close it first.
+        close_window: bool,
+        unpause: Unpause,
+    },
     /// A move resumed after clusterctl began deleting: the source stays stopped (opened and
     /// proven), its Clusters unpaused so that clusterctl starts.
-    KeepSourceStopped,
+    KeepSourceStopped { unpause: Unpause },
     /// The source's standbys added, the target's controllers taken (proven later), the move's
     /// record begun.
     StopTarget {
@@ -306,6 +322,8 @@ pub struct Reads {
     pub deletes: bool,
     /// clusterctl's version: before the checks of a move (not of an `--abort`).
     pub version: bool,
+    /// Whether the source's window is open: where a resumed move puts the source back.
+    pub source_window: bool,
 }
 
 /// Whether the record is read before the next step: not while clusterctl runs, where nothing
@@ -328,6 +346,7 @@ pub fn reads(asked: &Asked, record: Option<&MoveRecord>, reached: &Reached) -> R
             classes: picking_up || done,
             deletes: picking_up,
             version: false,
+            source_window: false,
         };
     };
     let clusters = match &b.path {
@@ -345,6 +364,7 @@ pub fn reads(asked: &Asked, record: Option<&MoveRecord>, reached: &Reached) -> R
         classes: clusters || unpausing,
         deletes: false,
         version: matches!(b.path, Path::Move(MoveAt::Begun)),
+        source_window: matches!(b.path, Path::Move(MoveAt::Checked)) && b.start == Start::Resume,
     }
 }
 
@@ -352,6 +372,17 @@ fn refuse(cluster: MoveRole, why: impl Into<Refusal>) -> Step {
     Step::Refuse {
         cluster,
         why: why.into(),
+    }
+}
+
+/// What clusterctl paused in the source in the recorded attempt and a resumed move unpauses
+/// (clusterctl refuses to start while any is paused): its Clusters, and its ClusterClasses
+/// wherever they are (one of another namespace that the moved Clusters use is paused as
+/// theirs are).
+fn unpause_for_clusterctl(r: &MoveRecord, seen: &Observed) -> Unpause {
+    Unpause {
+        clusters: move_plan::to_unpause(&r.paused_by_clusterctl, &r.clusters, seen.source()),
+        classes: move_plan::to_unpause(&[], &r.cluster_classes, seen.classes()),
     }
 }
 
@@ -379,7 +410,7 @@ pub fn next(
         };
     };
     match &b.path {
-        Path::Move(at) => next_move(asked, b, at, seen),
+        Path::Move(at) => next_move(asked, b, at, record, seen),
         Path::Clusterctl(span) => next_in_span(b, span),
         Path::Ended(_) => Step::Lift { warn: true },
         Path::Failing(why) => Step::Fail(why.clone()),
@@ -515,14 +546,29 @@ fn next_restore(b: &Begun, at: FinishAt, record: Option<&MoveRecord>, seen: &Obs
 }
 
 /// A move from its checks to clusterctl's start.
-fn next_move(asked: &Asked, b: &Begun, at: &MoveAt, seen: &Observed) -> Step {
+fn next_move(
+    asked: &Asked,
+    b: &Begun,
+    at: &MoveAt,
+    record: Option<&MoveRecord>,
+    seen: &Observed,
+) -> Step {
     let source_stopped = b.start == Start::ResumeStopped;
     match at {
         MoveAt::Begun => check(seen),
-        MoveAt::Checked if b.start != Start::Fresh => match source_stopped {
-            true => Step::KeepSourceStopped,
-            false => Step::PutSourceBack,
-        },
+        MoveAt::Checked if b.start != Start::Fresh => {
+            let Some(r) = record else {
+                return refuse(MoveRole::Target, Refusal::RecordGone(asked.window.clone()));
+            };
+            let unpause = unpause_for_clusterctl(r, seen);
+            match source_stopped {
+                true => Step::KeepSourceStopped { unpause },
+                false => Step::PutSourceBack {
+                    close_window: seen.source_open(),
+                    unpause,
+                },
+            }
+        }
         MoveAt::Checked | MoveAt::SourcePrepared => take_target(asked, b, seen, source_stopped),
         MoveAt::TargetTaken(_) if source_stopped => Step::ProveTarget,
         MoveAt::TargetTaken(b) | MoveAt::TargetProven(b) => Step::Hold {

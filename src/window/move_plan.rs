@@ -159,6 +159,12 @@ pub enum Refusal {
     BlockMove(#[from] BlockMoveError),
     #[error(transparent)]
     Clusterctl(#[from] ClusterctlVersion),
+    /// The target's window no longer records the move this run was resuming (someone
+    /// removed it meanwhile).
+    #[error(
+        "MoveWindow {0} no longer records the move it was resuming; run the same command again"
+    )]
+    RecordGone(String),
 }
 
 fn past(start: &Start) -> &'static str {

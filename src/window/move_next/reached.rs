@@ -248,9 +248,10 @@ impl Reached {
             }
             (Path::Clusterctl(span), step) => span_after(span, step, found),
             (Path::Move(MoveAt::Begun), Step::Check { .. }) => Path::Move(MoveAt::Checked),
-            (Path::Move(MoveAt::Checked), Step::PutSourceBack | Step::KeepSourceStopped) => {
-                Path::Move(MoveAt::SourcePrepared)
-            }
+            (
+                Path::Move(MoveAt::Checked),
+                Step::PutSourceBack { .. } | Step::KeepSourceStopped { .. },
+            ) => Path::Move(MoveAt::SourcePrepared),
             (
                 Path::Move(MoveAt::Checked | MoveAt::SourcePrepared),
                 Step::StopTarget { block_move, .. },

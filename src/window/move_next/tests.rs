@@ -46,6 +46,8 @@ struct World {
     deleting: bool,
     /// What `clusterctl version -o short` says.
     version: String,
+    /// Whether the source's window is open.
+    source_open: bool,
 }
 
 /// Nothing in either cluster, and a clusterctl that waits for block-move.
@@ -58,6 +60,7 @@ impl Default for World {
             classes: Vec::new(),
             deleting: false,
             version: "v1.13.0".into(),
+            source_open: false,
         }
     }
 }
@@ -79,6 +82,10 @@ fn observed(world: &World, reads: &Reads) -> Observed {
         },
         version: match reads.version {
             true => Seen::Read(world.version.clone()),
+            false => Seen::NotRead,
+        },
+        source_open: match reads.source_window {
+            true => Seen::Read(world.source_open),
             false => Seen::NotRead,
         },
     }
@@ -103,9 +110,11 @@ fn before() -> World {
 /// What a step changes of what the next read sees (what clusterctl paused, unpaused).
 fn world(step: &Step, seen: &mut World) {
     match step {
-        Step::PutSourceBack | Step::KeepSourceStopped => {
-            seen.source.iter_mut().for_each(|c| c.paused = false)
-        }
+        Step::PutSourceBack { unpause, .. } | Step::KeepSourceStopped { unpause } => seen
+            .source
+            .iter_mut()
+            .filter(|c| unpause.clusters.contains(&c.key))
+            .for_each(|c| c.paused = false),
         Step::UnpauseTarget(keys) => seen
             .target
             .iter_mut()
@@ -388,7 +397,10 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
             [
                 began(Start::Resume),
                 CHECK,
-                Step::PutSourceBack,
+                Step::PutSourceBack {
+                    close_window: false,
+                    unpause: Unpause::default(),
+                },
                 stop_target(Start::Resume),
             ],
             "{phase}"
@@ -407,7 +419,12 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
     let mut want = vec![
         began(Start::ResumeStopped),
         CHECK,
-        Step::KeepSourceStopped,
+        Step::KeepSourceStopped {
+            unpause: Unpause {
+                clusters: vec![format!("{NS}/a")],
+                classes: vec![],
+            },
+        },
         Step::StopTarget {
             block_move: BlockMoveOn::default(),
             standbys_first: false,
@@ -551,6 +568,7 @@ fn read(clusters: bool, classes: bool, deletes: bool) -> Reads {
         classes,
         deletes,
         version: false,
+        source_window: false,
     }
 }
 
@@ -1238,4 +1256,66 @@ fn nothing_is_read_while_clusterctl_runs() {
     ] {
         assert!(reads_record(&other), "{other:?}");
     }
+}
+
+#[test]
+fn a_resumed_move_closes_an_open_source_window_and_unpauses_only_what_clusterctl_paused() {
+    let mut r = record(MovePhase::Copying, Some(1));
+    r.paused_by_clusterctl = vec![format!("{NS}/b")];
+    r.cluster_classes = vec![format!("{NS}/class")];
+    let seen = World {
+        // a: at the move's start, paused since (handoff died before it saw the pause); b: seen
+        // paused by clusterctl; theirs: paused by somebody else, never handoff's to unpause.
+        source: vec![c("a", true), c("b", true), c("theirs", true)],
+        classes: vec![c("class", true)],
+        source_open: true,
+        ..World::default()
+    };
+    let steps = moved(&asked(false), Some(&r), &seen);
+    assert_eq!(
+        steps[2],
+        Step::PutSourceBack {
+            close_window: true,
+            unpause: Unpause {
+                clusters: vec![format!("{NS}/a"), format!("{NS}/b")],
+                classes: vec![format!("{NS}/class")],
+            },
+        },
+        "{steps:?}"
+    );
+    // A window closed already is left alone.
+    let closed = World {
+        source_open: false,
+        ..seen
+    };
+    let steps = moved(&asked(false), Some(&r), &closed);
+    assert!(
+        matches!(
+            &steps[2],
+            Step::PutSourceBack {
+                close_window: false,
+                ..
+            }
+        ),
+        "{steps:?}"
+    );
+}
+
+#[test]
+fn a_resume_whose_record_went_meanwhile_is_refused_before_it_acts() {
+    let b = Begun::new(NS, Start::Resume, false);
+    let reached = Reached::Begun(Begun {
+        path: Path::Move(MoveAt::Checked),
+        ..b
+    });
+    let step = next(
+        &asked(false),
+        None,
+        &observed(&before(), &read(true, true, false)),
+        &reached,
+    );
+    assert!(
+        matches!(&step, Step::Refuse { cluster: Target, why: Refusal::RecordGone(w) } if w == "move-clusters"),
+        "{step:?}"
+    );
 }

@@ -29,7 +29,7 @@ use super::move_plan::{self, ClusterctlFlags};
 use super::open::{OpenOptions, Taken};
 use super::runner::{self, Performer, Publish};
 use super::user_agent::StepLabel;
-use crate::resources::move_window::{MoveRecord, MoveRole};
+use crate::resources::move_window::{MoveRecord, MoveRole, WindowState};
 use cluster_api::{classes_in, clusters_in, every_cluster, scan, secrets_in};
 use clusterctl::dry_run;
 use pause_watch::PauseWatch;
@@ -198,6 +198,10 @@ impl Mover<'_> {
         }
         if reads.deletes {
             seen.deleting = Seen::Read(deleting(source, target, ns, self.out).await?);
+        }
+        if reads.source_window {
+            let w = read_window(source, &self.opts.window).await?;
+            seen.source_open = Seen::Read(w.is_some_and(|w| w.spec.state == WindowState::Open));
         }
         if reads.version {
             let said = super::child::version(&self.opts.clusterctl)

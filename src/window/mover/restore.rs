@@ -9,10 +9,10 @@ use tokio::time::Instant;
 
 use super::super::close::{CloseOptions, Restored, close};
 use super::super::common::{Cluster, Result, read_window};
-use super::super::move_plan::{self, PAUSED_ANNOTATION};
-use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, classes_in, clusters_in};
+use super::super::move_plan::PAUSED_ANNOTATION;
+use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS};
 use super::{MoveOptions, note, phase, read_record};
-use crate::resources::move_window::{MoveRecord, MoveRole, Strategy};
+use crate::resources::move_window::{MoveRole, Strategy};
 use crate::resources::phase::MovePhase;
 
 /// Unpause what clusterctl paused: Clusters (`spec.paused`) and ClusterClasses (the paused
@@ -57,32 +57,6 @@ pub async fn unpause_saying(
         out.say(format!("{}: unpaused ClusterClass {key} ({why})", c.label));
     }
     Ok(())
-}
-
-/// On a re-run: unpause the source's Clusters and ClusterClasses that clusterctl paused in the
-/// recorded attempt (clusterctl refuses to start while any is paused), and forget them.
-pub async fn unpause_what_clusterctl_paused(
-    source: &Cluster,
-    target: &Cluster,
-    opts: &MoveOptions,
-    r: &MoveRecord,
-    out: &mut Progress,
-) -> Result<()> {
-    let ns = &r.namespace;
-    let clusters = move_plan::to_unpause(
-        &r.paused_by_clusterctl,
-        &r.clusters,
-        &clusters_in(source, ns).await?,
-    );
-    // Wherever they are: one of another namespace that the moved Clusters use is paused by
-    // clusterctl as theirs are.
-    let classes = move_plan::to_unpause(
-        &[],
-        &r.cluster_classes,
-        &classes_in(source, ns, &r.cluster_classes).await?,
-    );
-    unpause(source, &clusters, &classes, out).await?;
-    note(target, &opts.window, |m| m.paused_by_clusterctl.clear()).await
 }
 
 /// Close one cluster's window (one that has none is skipped: an `--abort` of a move that never

@@ -4,8 +4,8 @@
 use serde_json::json;
 
 use super::super::close::{close, say_removed};
-use super::super::common::{Result, WindowError, now, read_window};
-use super::super::move_next::{Begun, Found, Observed, Outcome, Step};
+use super::super::common::{Result, WindowError, now};
+use super::super::move_next::{Begun, Found, Observed, Outcome, Step, Unpause};
 use super::super::move_plan::{self, BLOCK_MOVE, BlockMoveOn, Holds, Start};
 use super::super::open::{Taken, check, first_taken, open, prove, ready_standbys, take};
 use super::cluster_api::{
@@ -13,11 +13,9 @@ use super::cluster_api::{
     unmark_delete_for_move,
 };
 use super::clusterctl::lift_block_move;
-use super::restore::{
-    report_abort, report_done, restore_one, unpause, unpause_saying, unpause_what_clusterctl_paused,
-};
+use super::restore::{report_abort, report_done, restore_one, unpause, unpause_saying};
 use super::{Mover, begin, note, phase};
-use crate::resources::move_window::{MoveRecord, MoveRole, WindowState};
+use crate::resources::move_window::{MoveRecord, MoveRole};
 use crate::resources::phase::MovePhase;
 
 impl Mover<'_> {
@@ -37,8 +35,17 @@ impl Mover<'_> {
                 why: why.clone(),
             }),
             Step::Check { warn } => self.check(warn.as_ref()).await,
-            Step::PutSourceBack => self.put_source_back(self.recorded(r)?).await,
-            Step::KeepSourceStopped => self.keep_source_stopped(self.recorded(r)?, ns).await,
+            Step::PutSourceBack {
+                close_window,
+                unpause,
+            } => {
+                self.put_source_back(self.recorded(r)?, *close_window, unpause)
+                    .await
+            }
+            Step::KeepSourceStopped { unpause } => {
+                self.keep_source_stopped(self.recorded(r)?, ns, unpause)
+                    .await
+            }
             Step::StopTarget {
                 block_move: _,
                 standbys_first,
@@ -108,14 +115,10 @@ impl Mover<'_> {
 
     /// The record a step acts on, which the run began from.
     fn recorded<'r>(&self, r: Option<&'r MoveRecord>) -> Result<&'r MoveRecord> {
-        r.ok_or_else(|| {
-            self.refused(
-                MoveRole::Target,
-                format!(
-                    "MoveWindow {} no longer records the move it was resuming; run the same command again",
-                    self.opts.window
-                ),
-            )
+        // The planner refuses a resume without it; said the same way if it goes meanwhile.
+        r.ok_or_else(|| WindowError::MoveRefused {
+            cluster: self.target.label,
+            why: move_plan::Refusal::RecordGone(self.opts.window.clone()),
         })
     }
 
@@ -195,7 +198,12 @@ impl Mover<'_> {
 
     /// A resumed move that deleted nothing: the source runs again (providers lift their
     /// block-move only while their controllers run), unpaused as clusterctl expects it.
-    async fn put_source_back(&mut self, r: &MoveRecord) -> Result<()> {
+    async fn put_source_back(
+        &mut self,
+        r: &MoveRecord,
+        close_window: bool,
+        paused: &Unpause,
+    ) -> Result<()> {
         let window = &self.opts.window;
         let p = phase(
             self.out,
@@ -204,10 +212,7 @@ impl Mover<'_> {
                 r.phase, r.attempts
             ),
         );
-        if read_window(self.source, window)
-            .await?
-            .is_some_and(|w| w.spec.state == WindowState::Open)
-        {
+        if close_window {
             close(
                 std::slice::from_ref(self.source),
                 &self.opts.close,
@@ -217,7 +222,7 @@ impl Mover<'_> {
         }
         // It runs again: its stop counts anew.
         note(self.target, window, |m| m.source_stopped_at = None).await?;
-        unpause_what_clusterctl_paused(self.source, self.target, self.opts, r, self.out).await?;
+        self.unpause_for_clusterctl(paused).await?;
         p.done(self.out, "the source runs again, the target stays stopped");
         Ok(())
     }
@@ -225,7 +230,12 @@ impl Mover<'_> {
     /// A resumed move after clusterctl began deleting: the source's controllers stay stopped
     /// (they would re-create what was deleted); its Clusters are unpaused, since nothing
     /// reconciles them, so that clusterctl starts and finishes the copy and the deletes.
-    async fn keep_source_stopped(&mut self, r: &MoveRecord, ns: &str) -> Result<()> {
+    async fn keep_source_stopped(
+        &mut self,
+        r: &MoveRecord,
+        ns: &str,
+        paused: &Unpause,
+    ) -> Result<()> {
         let window = &self.opts.window;
         let p = phase(
             self.out,
@@ -256,12 +266,22 @@ impl Mover<'_> {
                 unmarked.join(", ")
             ));
         }
-        unpause_what_clusterctl_paused(self.source, self.target, self.opts, r, self.out).await?;
+        self.unpause_for_clusterctl(paused).await?;
         p.done(
             self.out,
             "the source stays stopped, its Clusters unpaused for clusterctl",
         );
         Ok(())
+    }
+
+    /// What clusterctl paused in the recorded attempt, unpaused (it refuses to start while any
+    /// is), and forgotten.
+    async fn unpause_for_clusterctl(&mut self, paused: &Unpause) -> Result<()> {
+        unpause(self.source, &paused.clusters, &paused.classes, self.out).await?;
+        note(self.target, &self.opts.window, |m| {
+            m.paused_by_clusterctl.clear()
+        })
+        .await
     }
 
     /// The target's controllers, taken now and proven stopped before anything is created
