@@ -295,6 +295,13 @@ pub async fn ensure_guards(
 /// created the CRD, the window itself and its use of the CRD (the CRD with it, where no other
 /// window uses it). What was removed, said.
 pub async fn remove(c: &Cluster, window: &str) -> Result<Vec<String>> {
+    let mut removed = remove_brought(c, window).await?;
+    removed.extend(remove_window(c, window).await?);
+    Ok(removed)
+}
+
+/// What the window brought along for itself (`per_window`).
+async fn remove_brought(c: &Cluster, window: &str) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     // Found by the window's label (a read, where an installation left nothing to remove),
     // removed by name.
@@ -330,6 +337,12 @@ pub async fn remove(c: &Cluster, window: &str) -> Result<Vec<String>> {
             }
         }
     }
+    Ok(removed)
+}
+
+/// The window, and the CRD with it where it is the CRD's last user.
+async fn remove_window(c: &Cluster, window: &str) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
     let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
     let err = |what: String| api_err(c, what);
     let windows: Api<MoveWindow> = Api::all(c.client.clone());

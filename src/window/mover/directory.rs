@@ -163,18 +163,7 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
         match step {
             DirStep::Check => check(std::slice::from_ref(c), &o.open, self.out).await?,
             DirStep::Record { clusters } => self.record(clusters).await?,
-            DirStep::Pause { clusters } => {
-                for key in clusters {
-                    set_paused(c, key, true).await?;
-                }
-                if !clusters.is_empty() {
-                    self.out.say(format!(
-                        "{}: paused Cluster {}, so that the providers finish what they are doing and lift their block-move (a backup alone does not wait for it)",
-                        c.label,
-                        clusters.join(", ")
-                    ));
-                }
-            }
+            DirStep::Pause { clusters } => self.set_paused(clusters, true).await?,
             DirStep::WaitUnblocked => {
                 let ns = self.ns.as_deref().unwrap_or_default();
                 wait_unblocked(c, o, ns, self.out).await?
@@ -189,18 +178,7 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
                     .await?;
                 }
             }
-            DirStep::Unpause { clusters } => {
-                for key in clusters {
-                    set_paused(c, key, false).await?;
-                }
-                if !clusters.is_empty() {
-                    self.out.say(format!(
-                        "{}: unpaused Cluster {} again (nothing reconciles it now; clusterctl refuses a paused Cluster, and pauses it itself)",
-                        c.label,
-                        clusters.join(", ")
-                    ));
-                }
-            }
+            DirStep::Unpause { clusters } => self.set_paused(clusters, false).await?,
             DirStep::RunClusterctl => {
                 if !backup {
                     note(c, &o.window, |m| {
@@ -214,45 +192,13 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
             }
             DirStep::PutBack {
                 unpause,
-                close: closing,
+                close,
                 done,
-            } => {
-                for key in unpause {
-                    set_paused(c, key, false).await?;
-                    self.out.say(format!("{}: unpaused Cluster {key}", c.label));
-                }
-                if let Some(phase) = closing {
-                    set_phase(c, &o.window, phase.clone()).await?;
-                    close(std::slice::from_ref(c), &o.closing(), self.out).await?;
-                }
-                if *done {
-                    note(c, &o.window, |m| {
-                        m.phase = MovePhase::Done;
-                        m.source_back_at.get_or_insert_with(now);
-                    })
-                    .await?;
-                }
-            }
-            DirStep::Restore => {
-                note(c, &o.window, |m| m.phase = MovePhase::Restoring).await?;
-                close(std::slice::from_ref(c), &o.closing(), self.out).await?;
-                note(c, &o.window, |m| {
-                    m.phase = MovePhase::Done;
-                    m.target_back_at.get_or_insert_with(now);
-                })
-                .await?;
-            }
+            } => self.put_back(unpause, close.as_ref(), *done).await?,
+            DirStep::Restore => self.restore().await?,
             DirStep::Fail(f) => self.fail(f).await?,
             DirStep::Refuse(_) => {}
-            DirStep::Aborted { recorded } => {
-                if *recorded {
-                    set_phase(c, &o.window, MovePhase::Aborted).await?;
-                }
-                self.out.say(match backup {
-                    true => "handoff move --abort: the controllers and the Clusters are back as they were",
-                    false => "handoff move --abort: the controllers are back; what clusterctl restored stays as it is (its Clusters paused where clusterctl stopped before unpausing them): kubectl --kubeconfig … get clusters.cluster.x-k8s.io -A -o custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,PAUSED:.spec.paused",
-                });
-            }
+            DirStep::Aborted { recorded } => self.aborted(*recorded).await?,
             DirStep::Uninstall => say_removed(c, &o.window, self.out).await?,
             DirStep::Done => self.out.say(format!(
                 "handoff move: {} done in {:.1}s ({})",
@@ -270,6 +216,80 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
 }
 
 impl DirectoryRun<'_, '_> {
+    /// Pause the Clusters (so that the providers finish and lift their block-move) or unpause
+    /// them again (clusterctl refuses a paused Cluster, and pauses it itself).
+    async fn set_paused(&mut self, clusters: &[String], paused: bool) -> Result<()> {
+        let c = self.c;
+        for key in clusters {
+            set_paused(c, key, paused).await?;
+        }
+        if clusters.is_empty() {
+            return Ok(());
+        }
+        let list = clusters.join(", ");
+        self.out.say(match paused {
+            true => format!(
+                "{}: paused Cluster {list}, so that the providers finish what they are doing and lift their block-move (a backup alone does not wait for it)",
+                c.label
+            ),
+            false => format!(
+                "{}: unpaused Cluster {list} again (nothing reconciles it now; clusterctl refuses a paused Cluster, and pauses it itself)",
+                c.label
+            ),
+        });
+        Ok(())
+    }
+
+    /// A backup's way back: what it paused unpaused, the window closed where it was opened,
+    /// recorded done where the backup was.
+    async fn put_back(
+        &mut self,
+        unpause: &[String],
+        closing: Option<&MovePhase>,
+        done: bool,
+    ) -> Result<()> {
+        let (c, o) = (self.c, self.o);
+        for key in unpause {
+            set_paused(c, key, false).await?;
+            self.out.say(format!("{}: unpaused Cluster {key}", c.label));
+        }
+        if let Some(phase) = closing {
+            set_phase(c, &o.window, phase.clone()).await?;
+            close(std::slice::from_ref(c), &o.closing(), self.out).await?;
+        }
+        if done {
+            note(c, &o.window, |m| {
+                m.phase = MovePhase::Done;
+                m.source_back_at.get_or_insert_with(now);
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// A restore's end: the controllers run again, recorded first as restoring, then done.
+    async fn restore(&mut self) -> Result<()> {
+        let (c, o) = (self.c, self.o);
+        note(c, &o.window, |m| m.phase = MovePhase::Restoring).await?;
+        close(std::slice::from_ref(c), &o.closing(), self.out).await?;
+        note(c, &o.window, |m| {
+            m.phase = MovePhase::Done;
+            m.target_back_at.get_or_insert_with(now);
+        })
+        .await
+    }
+
+    async fn aborted(&mut self, recorded: bool) -> Result<()> {
+        if recorded {
+            set_phase(self.c, &self.o.window, MovePhase::Aborted).await?;
+        }
+        self.out.say(match self.ns.is_some() {
+            true => "handoff move --abort: the controllers and the Clusters are back as they were",
+            false => "handoff move --abort: the controllers are back; what clusterctl restored stays as it is (its Clusters paused where clusterctl stopped before unpausing them): kubectl --kubeconfig … get clusters.cluster.x-k8s.io -A -o custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,PAUSED:.spec.paused",
+        });
+        Ok(())
+    }
+
     /// The window and its record before the first write that a put-back undoes.
     async fn record(&mut self, clusters: &[String]) -> Result<()> {
         let (c, o) = (self.c, self.o);

@@ -74,43 +74,40 @@ impl Mover<'_> {
             Step::Lift { warn } => self.lift(*warn, ns).await,
             Step::Fail(why) => self.fail(why).await,
             Step::UnpauseTarget(keys) => unpause(self.target, keys, &[], self.out).await,
-            Step::UnpauseSource(keys) => {
-                let why = "clusterctl paused it and left it in the source, where Clusters of other namespaces use it";
-                unpause_saying(self.source, &[], keys, why, self.out).await
-            }
+            Step::UnpauseSource(keys) => self.unpause_source(keys).await,
             Step::Copied => self.copied().await,
             Step::RestoreTarget => self.restore(MoveRole::Target, true).await,
             Step::RestoreSource { wait_leading } => {
                 self.restore(MoveRole::Source, *wait_leading).await
             }
-            Step::Finish => {
-                report_done(
-                    self.target,
-                    ns,
-                    self.opts,
-                    self.started,
-                    &self.restored,
-                    self.out,
-                )
-                .await
-            }
+            Step::Finish => self.finish(ns).await,
             Step::BeginAbort => {
-                note(self.target, &self.opts.window, |m| {
-                    m.phase = MovePhase::Aborting
-                })
-                .await
+                let aborting = |m: &mut MoveRecord| m.phase = MovePhase::Aborting;
+                note(self.target, &self.opts.window, aborting).await
             }
             Step::Aborted { recorded } => self.aborted(*recorded, ns).await,
-            Step::Uninstall => {
-                // The source's first: the target's window holds the record until the last.
-                for c in [self.source, self.target] {
-                    say_removed(c, &self.opts.window, self.out).await?;
-                }
-                Ok(())
-            }
+            Step::Uninstall => self.uninstall().await,
             Step::Done => Ok(()),
         }
         .map(|()| Found::Nothing)
+    }
+
+    async fn unpause_source(&mut self, classes: &[String]) -> Result<()> {
+        let why = "clusterctl paused it and left it in the source, where Clusters of other namespaces use it";
+        unpause_saying(self.source, &[], classes, why, self.out).await
+    }
+
+    async fn finish(&mut self, ns: &str) -> Result<()> {
+        let (target, started) = (self.target, self.started);
+        report_done(target, ns, self.opts, started, &self.restored, self.out).await
+    }
+
+    /// The source's first: the target's window holds the record until the last.
+    async fn uninstall(&mut self) -> Result<()> {
+        for c in [self.source, self.target] {
+            say_removed(c, &self.opts.window, self.out).await?;
+        }
+        Ok(())
     }
 
     /// The record a step acts on, which the run began from.

@@ -70,28 +70,8 @@ pub async fn choose(
             .iter()
             .find(|p| p.namespace == ns && p.name == name);
         let mut claims = plan::claims(&name, &by_ns[&ns], &opts.name);
-        // A Lease released moments ago (a move's source, a window closed just before) names no
-        // holder until a candidate takes it: waited for, or this Deployment would be chosen as
-        // one without leader election.
         if claims.is_empty() && rec.is_none() && policy != StopPolicy::Scale {
-            let mut said = false;
-            while let Some((l, until)) = by_ns[&ns].iter().find_map(|l| {
-                plan::awaits_candidate(l, k8s_openapi::jiff::Timestamp::now()).map(|u| (l, u))
-            }) {
-                if !said {
-                    progress.say(format!(
-                        "{}: Lease {ns}/{} was released moments ago and no candidate holds it yet; waiting for one to take it (until {until} at the latest), to tell whose it is",
-                        c.label, l.name
-                    ));
-                    said = true;
-                }
-                tokio::time::sleep(RELEASED_POLL).await;
-                by_ns.insert(ns.clone(), lease::leases_in(c, &ns).await?);
-                claims = plan::claims(&name, &by_ns[&ns], &opts.name);
-                if !claims.is_empty() {
-                    break;
-                }
-            }
+            claims = await_candidate(c, opts, &ns, &name, &mut by_ns, progress).await?;
         }
         let leases = &by_ns[&ns];
         let what = format!("{ns}/{name}");
@@ -137,6 +117,39 @@ pub async fn choose(
         });
     }
     Ok((selector, policy, out))
+}
+
+/// A Lease released moments ago (a move's source, a window closed just before) names no
+/// holder until a candidate takes it: waited for, or the Deployment would be chosen as one
+/// without leader election. The Deployment's claims once one holds it (`by_ns` read again).
+async fn await_candidate(
+    c: &Cluster,
+    opts: &OpenOptions,
+    ns: &str,
+    name: &str,
+    by_ns: &mut BTreeMap<String, Vec<LeaseSeen>>,
+    progress: &mut Progress,
+) -> Result<Vec<plan::Claim>> {
+    let mut said = false;
+    let mut claims = Vec::new();
+    while let Some((l, until)) = by_ns[ns].iter().find_map(|l| {
+        plan::awaits_candidate(l, k8s_openapi::jiff::Timestamp::now()).map(|u| (l, u))
+    }) {
+        if !said {
+            progress.say(format!(
+                "{}: Lease {ns}/{} was released moments ago and no candidate holds it yet; waiting for one to take it (until {until} at the latest), to tell whose it is",
+                c.label, l.name
+            ));
+            said = true;
+        }
+        tokio::time::sleep(RELEASED_POLL).await;
+        by_ns.insert(ns.to_string(), lease::leases_in(c, ns).await?);
+        claims = plan::claims(name, &by_ns[ns], &opts.name);
+        if !claims.is_empty() {
+            break;
+        }
+    }
+    Ok(claims)
 }
 
 /// How long the proof of a stop by Lease is expected to wait after the take-over, as a dry

@@ -106,14 +106,34 @@ async fn ensure_open(
         .deployment_selector
         .clone()
         .unwrap_or_else(crate::resources::move_window::default_deployment_selector);
-    // Where nothing of handoff guards this cluster, the window's own policies, before it
-    // opens and before any Lease is taken.
+    let pin_needed = guard_before_open(c, opts, &labels, leased, scaled, out).await?;
+    if !was_open {
+        set_state(c, &opts.name, WindowState::Open).await?;
+        out.say(format!("{}: MoveWindow {} is Open", c.label, opts.name));
+    }
+    let bound = bind_pin_policies(c, opts, &labels, out).await?;
+    // Either way the API server pins: `pin_scaled` waits until it does.
+    Ok((bound || pin_needed, status))
+}
+
+/// Where nothing of handoff guards this cluster, the window's own policies, before it opens
+/// and before any Lease is taken; whether they pin. Then the window's webhook configuration:
+/// from its opening on, what it stops fails closed at the API server, and only that
+/// (`window_webhook`).
+async fn guard_before_open(
+    c: &Cluster,
+    opts: &OpenOptions,
+    labels: &LabelSelector,
+    leased: &[PinnedDeployment],
+    scaled: &[(String, String)],
+    out: &mut Progress,
+) -> Result<bool> {
     let needs = installed::needs(
         &installed::survey(c).await?,
         !leased.is_empty(),
         !scaled.is_empty(),
     );
-    let put = installed::ensure_guards(c, &opts.name, &labels, &needs).await?;
+    let put = installed::ensure_guards(c, &opts.name, labels, &needs).await?;
     if !put.is_empty() {
         out.say(format!(
             "{}: nothing of handoff guards this cluster; MoveWindow {} brings its own until it closes: {}",
@@ -122,10 +142,8 @@ async fn ensure_open(
             put.join(", ")
         ));
     }
-    // Before the window opens: from then on what it stops fails closed at the API server,
-    // and only that (`window_webhook`).
     let uid = c.window_uid(&opts.name);
-    if window_webhook::put(&c.client, &opts.name, uid.as_deref(), &labels, scaled)
+    if window_webhook::put(&c.client, &opts.name, uid.as_deref(), labels, scaled)
         .await
         .map_err(api_err(
             c,
@@ -142,17 +160,22 @@ async fn ensure_open(
             }
         ));
     }
-    if !was_open {
-        set_state(c, &opts.name, WindowState::Open).await?;
-        out.say(format!("{}: MoveWindow {} is Open", c.label, opts.name));
-    }
-    // With the pin's admission policies installed, the window binds them too, so that it
-    // pins inside the API server even while no handoff replica runs.
+    Ok(needs.pin)
+}
+
+/// With the pin's admission policies installed, the window binds them too, so that it pins
+/// inside the API server even while no handoff replica runs; whether it did.
+async fn bind_pin_policies(
+    c: &Cluster,
+    opts: &OpenOptions,
+    labels: &LabelSelector,
+    out: &mut Progress,
+) -> Result<bool> {
     let bound = crate::admission_policy::apply::pin_installed(&c.client)
         .await
         .map_err(api_err(c, "reading the MutatingAdmissionPolicy"))?;
     if bound {
-        crate::admission_policy::apply::bind_window(&c.client, &opts.name, &labels)
+        crate::admission_policy::apply::bind_window(&c.client, &opts.name, labels)
             .await
             .map_err(api_err(
                 c,
@@ -166,8 +189,7 @@ async fn ensure_open(
             c.label, opts.name
         ));
     }
-    // Either way the API server pins: `pin_scaled` waits until it does.
-    Ok((bound || needs.pin, status))
+    Ok(bound)
 }
 
 /// The window's spec (as `read`), created Closed where there is none yet; and whether it is
