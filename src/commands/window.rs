@@ -97,7 +97,7 @@ async fn window_command(
             progress,
         } => {
             let mut out = progress.reporter(false);
-            let ordered = ops::plan::close_order(clusters, |c| c.role);
+            let ordered = ops::plan::stop::close_order(clusters, |c| c.role);
             let opts = ops::CloseOptions {
                 name,
                 restore_timeout,
@@ -122,7 +122,7 @@ async fn window_command(
 
 pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
     use handoff::resources::move_window::MoveRole;
-    use handoff::window::{self, Cluster, move_plan::ClusterctlFlags};
+    use handoff::window::{self, Cluster, plan::move_plan::ClusterctlFlags};
     if a.to_directory.is_some() || a.from_directory.is_some() {
         return directory_cmd(a).await;
     }
@@ -203,7 +203,7 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
 /// `--from-directory` (a restore into the `--to-kubeconfig` cluster): one cluster, one window.
 async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
     use handoff::resources::move_window::MoveRole;
-    use handoff::window::directory_plan::{Direction, DirectoryFlags};
+    use handoff::window::plan::directory_plan::{Direction, DirectoryFlags};
     use handoff::window::{self, Cluster};
     // clusterctl's own checks, said before any cluster is reached.
     for (flag, dir) in [

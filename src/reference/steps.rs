@@ -1,11 +1,11 @@
 //! `docs/src/reference/steps.md`: each command's steps, as `-o json`'s step events, `-v`'s
 //! lines and the User-Agent of every request name them, read from their declarations
-//! (`handoff::window::declare`): the name is the variant's, the text its doc comment.
+//! (`handoff::window::plan::declare`): the name is the variant's, the text its doc comment.
 
-use handoff::window::declare::{Of, StepName};
-use handoff::window::directory_plan::DirectoryStep;
-use handoff::window::move_next::StepName as MoveStep;
-use handoff::window::window_next::{CloseStepName, OpenStepName};
+use handoff::window::plan::declare::{Of, StepName};
+use handoff::window::plan::directory_plan::DirectoryStep;
+use handoff::window::plan::move_next::StepName as MoveStep;
+use handoff::window::plan::window_next::{CloseStepName, OpenStepName};
 
 use super::{Table, code, header, text};
 
@@ -20,7 +20,7 @@ fn table<N: StepName>() -> String {
 pub fn page() -> String {
     let of = |o: Of| code(o.as_str());
     let mut page = header(
-        "the step declarations (src/window/move_next.rs, window_next.rs, directory_plan.rs)",
+        "the step declarations (src/window/plan/move_next.rs, window_next.rs, directory_plan.rs)",
         "steps",
         "reference::steps_md_is_current",
     );

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use tokio::sync::watch;
 
-pub use super::planner::ExitStatus;
+pub use crate::window::plan::planner::ExitStatus;
 
 /// Why clusterctl could not be run; the caller says on which cluster's behalf.
 #[derive(Debug, thiserror::Error)]

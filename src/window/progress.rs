@@ -15,7 +15,7 @@ use std::io::Write;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
-use super::declare::{Of, StepName};
+use crate::window::plan::declare::{Of, StepName};
 
 /// How events are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -156,7 +156,10 @@ mod tests {
     fn run(format: Format, verbose: bool) -> String {
         let out = Said::default();
         let mut p = Progress::new(Box::new(out.clone()), format, verbose);
-        p.step(Of::Move, crate::window::move_next::StepName::StopTarget);
+        p.step(
+            Of::Move,
+            crate::window::plan::move_next::StepName::StopTarget,
+        );
         p.say("handoff move: stopping the target's controllers");
         p.detail("target: took Lease capi-system/x");
         p.warn("a read failed; trying again");

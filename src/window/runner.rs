@@ -11,10 +11,10 @@
 //! after. Which signals are caught, held or left to their default is the planner's
 //! (`Planner::catch`), turn by turn.
 
-use super::child::{Child, Signals};
-use super::planner::{Catch, Interrupt, Observation, Planner, Verdict};
-use super::progress::Progress;
-use super::user_agent::StepLabel;
+use crate::window::child::{Child, Signals};
+use crate::window::plan::planner::{Catch, Interrupt, Observation, Planner, Verdict};
+use crate::window::progress::Progress;
+use crate::window::user_agent::StepLabel;
 
 /// The I/O half of a command: it reads and performs, and decides nothing.
 #[allow(async_fn_in_trait)] // driven on the caller's task, never spawned: no Send bound wanted
@@ -105,7 +105,7 @@ impl Watch {
             status = exit => {
                 self.child = None;
                 // A wait that failed is an end we cannot describe.
-                Interrupt::Exited(status.unwrap_or(super::planner::ExitStatus { code: None, signal: None }))
+                Interrupt::Exited(status.unwrap_or(crate::window::plan::planner::ExitStatus { code: None, signal: None }))
             }
         }
     }

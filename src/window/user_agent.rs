@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use http::{HeaderValue, Request, header::USER_AGENT};
 use tower::{Layer, Service};
 
-use super::declare::{Of, StepName};
+use crate::window::plan::declare::{Of, StepName};
 
 /// The step performed now, shared by the driver (which sets it) and the clients' layer
 /// (which says it).
@@ -99,11 +99,14 @@ mod tests {
         let mut send = || runtime.block_on(svc.call(Request::new(()))).unwrap();
         let version = env!("CARGO_PKG_VERSION");
         assert_eq!(send(), format!("handoff/{version}"));
-        label.set(Of::Move, crate::window::move_next::StepName::StopTarget);
+        label.set(
+            Of::Move,
+            crate::window::plan::move_next::StepName::StopTarget,
+        );
         assert_eq!(send(), format!("handoff/{version} (move step StopTarget)"));
         label.set(
             Of::Backup,
-            crate::window::directory_plan::DirectoryStep::WaitUnblocked,
+            crate::window::plan::directory_plan::DirectoryStep::WaitUnblocked,
         );
         assert_eq!(
             send(),

@@ -7,10 +7,12 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
 
-use super::super::common::{Cluster, Result, WindowError, api_err, now, pinned_mut, record};
-use super::super::{lease, plan, standby};
 use super::{CloseOptions, Restored, who};
 use crate::resources::move_window::{HeldLease, MoveWindowStatus, PinnedDeployment, Strategy};
+use crate::window::cluster::lease;
+use crate::window::cluster::standby;
+use crate::window::cluster::{Cluster, Result, WindowError, api_err, now, pinned_mut, record};
+use crate::window::plan::stop;
 
 /// What releasing one Deployment's Leases found: the Leases released or found free, its
 /// replicas now (`None`: gone), and the Leases someone took back while the window held them.
@@ -125,8 +127,8 @@ async fn release_one<'a>(
 ) -> Result<Released<'a>> {
     let (ns, name) = (p.namespace.as_str(), p.name.as_str());
     let mut names: BTreeSet<String> = p.leases.iter().map(|l| l.name.clone()).collect();
-    for claim in plan::claims(name, &lease::leases_in(c, ns).await?, &opts.name) {
-        if let plan::Claim::HeldHere(l) = claim {
+    for claim in stop::claims(name, &lease::leases_in(c, ns).await?, &opts.name) {
+        if let stop::Claim::HeldHere(l) = claim {
             names.insert(l.name);
         }
     }
@@ -317,7 +319,7 @@ async fn scale_back_standby(
         return Ok(None);
     };
     let now = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    match plan::standby_back(p, now) {
+    match stop::standby_back(p, now) {
         Some(count) => {
             // Unreported: said once the scale-down settles (or does not).
             let _ = standby::wait_ready(c, ns, name, count, opts.lead_timeout, opts.poll).await?;

@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::common::now;
-use super::common::{
-    Cluster, Label, Result, WindowError, api_err, labels, read_windows, record, set_state,
-};
-use super::lease;
-use super::runner::{self, Performer, Publish};
-use super::window_next::{CloseFound, ClosePlanner, CloseRun, CloseStep, Seen};
 use crate::resources::move_window::{MoveWindow, MoveWindowStatus, Strategy, WindowState};
 use crate::resources::phase::WindowPhase;
+use crate::window::cluster::lease;
+use crate::window::cluster::now;
+use crate::window::cluster::{
+    Cluster, Label, Result, WindowError, api_err, labels, read_windows, record, set_state,
+};
+use crate::window::plan::window_next::{CloseFound, ClosePlanner, CloseRun, CloseStep, Seen};
+use crate::window::runner::{self, Performer, Publish};
 
 /// How often `close` reads what it waits for (a restore, a leader again).
 pub const CLOSE_POLL: Duration = Duration::from_millis(500);
@@ -233,7 +233,7 @@ async fn mark_closed(
         out.detail(format!(
             "{}: removed MutatingWebhookConfiguration {}",
             c.label,
-            super::window_webhook::name(&opts.name)
+            crate::window::cluster::window_webhook::name(&opts.name)
         ));
     }
     let status = record(c, &opts.name, |s| {
@@ -263,7 +263,7 @@ async fn close_deleted(
             "{}: there is no MoveWindow {} any more; removed its MutatingWebhookConfiguration {}",
             c.label,
             opts.name,
-            super::window_webhook::name(&opts.name)
+            crate::window::cluster::window_webhook::name(&opts.name)
         ));
     }
     let orphans = lease::held_anywhere(c, &opts.name, out).await?;
@@ -313,7 +313,7 @@ fn who(holder: &str) -> &str {
 
 /// Remove what the window put in place on `c` itself, and say what went.
 pub async fn say_removed(c: &Cluster, window: &str, out: &mut Progress) -> Result<()> {
-    let removed = super::installed::remove(c, window).await?;
+    let removed = crate::window::cluster::installed::remove(c, window).await?;
     if !removed.is_empty() {
         out.say(format!(
             "{}: removed what MoveWindow {window} brought: {}",
@@ -326,7 +326,7 @@ pub async fn say_removed(c: &Cluster, window: &str, out: &mut Progress) -> Resul
 
 /// The window's own webhook configuration deleted; `true` where it was there.
 async fn remove_window_webhook(c: &Cluster, window: &str) -> Result<bool> {
-    super::window_webhook::remove(&c.client, window)
+    crate::window::cluster::window_webhook::remove(&c.client, window)
         .await
         .map_err(api_err(
             c,

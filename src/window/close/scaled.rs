@@ -10,14 +10,14 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use super::super::common::{
-    Cluster, Result, WindowError, api_err, dep_key, now, pinned_mut, record, upsert_pinned,
-};
-use super::super::plan;
 use super::{CloseOptions, Restored};
 use crate::resources::move_window::{MoveWindow, MoveWindowStatus, PinnedDeployment, Strategy};
 use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
 use crate::rules::selector::Selector;
+use crate::window::cluster::{
+    Cluster, Result, WindowError, api_err, dep_key, now, pinned_mut, record, upsert_pinned,
+};
+use crate::window::plan::stop;
 
 type Key = (String, String);
 
@@ -185,7 +185,7 @@ async fn restore_scaled(
         .as_ref()
         .and_then(|a| a.get(SAVED_REPLICAS_ANNOTATION))
         .cloned();
-    let (count, note) = plan::restore_count(annotation.as_deref(), entry);
+    let (count, note) = stop::restore_count(annotation.as_deref(), entry);
     record_restoring(c, opts, ns, name, count, &note).await?;
     restore_deployment(c, ns, name, count, opts).await?;
     record(c, &opts.name, |s| {

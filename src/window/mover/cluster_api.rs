@@ -9,9 +9,9 @@ use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 
 use serde_json::json;
 
-use super::super::common::{Cluster, Result, api_err};
-use super::super::move_plan::{
-    BLOCK_MOVE, ClusterSeen, PAUSED_ANNOTATION, is_handoffs, namespace_of,
+use crate::window::cluster::{Cluster, Result, api_err};
+use crate::window::plan::move_plan::{
+    self, BLOCK_MOVE, ClusterSeen, PAUSED_ANNOTATION, Scope, is_handoffs, namespace_of,
 };
 
 pub const CLUSTERS: &str = "clusters.cluster.x-k8s.io";
@@ -96,6 +96,25 @@ fn class_of(data: &serde_json::Value, ns: &str) -> Option<String> {
     (!name.is_empty()).then(|| format!("{class_ns}/{name}"))
 }
 
+/// What a move of namespace `ns` reads of the source's Cluster API objects
+/// (`move_plan::scope`), from every Cluster and every ClusterClass: two lists, whichever
+/// namespaces the classes its Clusters use are in. `recorded`: the ClusterClasses an earlier
+/// attempt recorded; `with_clusters`: false where only the classes are needed (their users and
+/// the namespace's Clusters are then left out).
+pub async fn scope(
+    source: &Cluster,
+    ns: &str,
+    recorded: &[String],
+    with_clusters: bool,
+) -> Result<Scope> {
+    let every = match with_clusters {
+        true => every_cluster(source).await?,
+        false => Vec::new(),
+    };
+    let classes = every_of(source, CLUSTER_CLASSES, "ClusterClasses").await?;
+    Ok(move_plan::scope(ns, &every, classes, recorded))
+}
+
 pub async fn clusters_in(c: &Cluster, ns: &str) -> Result<Vec<ClusterSeen>> {
     paused_in(c, ns, CLUSTERS).await
 }
@@ -103,13 +122,18 @@ pub async fn clusters_in(c: &Cluster, ns: &str) -> Result<Vec<ClusterSeen>> {
 /// Every Cluster of the cluster, in every namespace (as clusterctl lists them to find who
 /// uses a ClusterClass of the namespace it moves, `setShouldNotDelete`).
 pub async fn every_cluster(c: &Cluster) -> Result<Vec<ClusterSeen>> {
-    let Some(ar) = resource(c, CLUSTERS).await? else {
+    every_of(c, CLUSTERS, "Clusters").await
+}
+
+/// Every object of a Cluster API kind, in every namespace (none where it is not installed).
+async fn every_of(c: &Cluster, crd: &str, what: &str) -> Result<Vec<ClusterSeen>> {
+    let Some(ar) = resource(c, crd).await? else {
         return Ok(vec![]);
     };
     let list = Api::<DynamicObject>::all_with(c.client.clone(), &ar)
         .list(&ListParams::default())
         .await
-        .map_err(api_err(c, "listing the Clusters of every namespace"))?;
+        .map_err(api_err(c, format!("listing the {what} of every namespace")))?;
     Ok(list
         .items
         .iter()

@@ -7,17 +7,16 @@ use crate::window::progress::{Format, Progress};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::super::child::{Child, ExitStatus};
-use super::super::common::{Cluster, Result, WindowError};
-use super::super::move_next::Because;
-use super::super::move_plan::{self, BLOCK_MOVE, ClusterctlFlags};
-use super::super::open::{OpenOptions, Taken, first_taken, plan_open, prove, take};
-use super::cluster_api::{
-    self, CLUSTER_CLASSES, CLUSTERS, classes_in, clusters_in, every_cluster, scan,
-};
+use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS, classes_in, clusters_in, scan, scope};
 use super::pause_watch::PauseWatch;
 use super::{MoveOptions, Mover, note, phase};
 use crate::resources::phase::MovePhase;
+use crate::window::child::{Child, ExitStatus};
+use crate::window::cluster::{Cluster, Result, WindowError};
+use crate::window::open::{OpenOptions, Taken, first_taken, plan_open, prove, take};
+use crate::window::plan::move_next::Because;
+use crate::window::plan::move_plan::{self, BLOCK_MOVE};
+use std::ffi::OsString;
 
 /// Remove handoff's block-move from every Cluster of `ns` that carries it (and only
 /// handoff's): it must never be copied to the target or hold the next move.
@@ -58,22 +57,22 @@ pub async fn lift_block_move(
     Ok(lifted)
 }
 
-fn spawn(opts: &MoveOptions, source: &Cluster, out: &Progress) -> Result<Child> {
+/// clusterctl started with `args` (`move_plan::clusterctl_args`), said first.
+fn spawn(
+    opts: &MoveOptions,
+    args: Vec<OsString>,
+    source: &Cluster,
+    out: &Progress,
+) -> Result<Child> {
     let json = out.format() == Format::Json;
-    Child::spawn(
-        &opts.clusterctl,
-        move_plan::clusterctl_args(&opts.flags),
-        json,
-    )
-    .map_err(|e| WindowError::Refused {
+    Child::spawn(&opts.clusterctl, args, json).map_err(|e| WindowError::Refused {
         cluster: source.label.into(),
         message: e.to_string(),
     })
 }
 
-pub fn render_args(f: &ClusterctlFlags) -> String {
-    move_plan::clusterctl_args(f)
-        .iter()
+fn render_args(args: &[OsString]) -> String {
+    args.iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ")
@@ -122,12 +121,13 @@ impl Mover<'_> {
     /// to the runner (`Performer::started`), which waits on its end from now on.
     pub(super) async fn start_clusterctl(&mut self, watch_pause: bool, ns: &str) -> Result<()> {
         let opts = self.opts;
+        let args = move_plan::clusterctl_args(&opts.flags);
         self.clusterctl_started = Some(phase(
             self.out,
             &format!(
                 "running {} {}",
                 opts.clusterctl.display(),
-                render_args(&opts.flags)
+                render_args(&args)
             ),
         ));
         // Watched from before clusterctl starts, so that its pause is seen as it is written.
@@ -135,7 +135,7 @@ impl Mover<'_> {
             true => Some(PauseWatch::start(self.source, ns).await?),
             false => None,
         };
-        let child = spawn(opts, self.source, self.out)?;
+        let child = spawn(opts, args, self.source, self.out)?;
         self.clusterctl_pid = child.pid();
         self.clusterctl = Some(child);
         Ok(())
@@ -349,12 +349,16 @@ pub async fn dry_run(
     );
     out.say("1. stop the target's controllers (proven while clusterctl starts and waits):");
     let target_wait = plan_open(std::slice::from_ref(target), &opts.open, out).await?;
-    let clusters = clusters_in(source, ns).await?;
-    let users = move_plan::users_of(ns, &every_cluster(source).await?);
-    let used = move_plan::classes_used(ns, &clusters, &[]);
-    let classes = classes_in(source, ns, &used).await?;
-    let held = move_plan::add_block_move(ns, &clusters, &classes, &users, &opts.window);
-    match &held {
+    let scope = scope(source, ns, &[], true).await?;
+    let args = move_plan::clusterctl_args(&opts.flags);
+    let would = move_plan::dry_run(
+        ns,
+        &opts.window,
+        &scope.clusters,
+        &scope.classes,
+        &scope.class_users,
+    );
+    match &would.held {
         Ok(add) => {
             out.say(format!(
                 "2. put {BLOCK_MOVE} on {} in the source, and run clusterctl move",
@@ -365,14 +369,13 @@ pub async fn dry_run(
             out.say(format!("2. would refuse: {why}"));
         }
     }
-    if let Some(why) = move_plan::paused_before(&clusters, &classes) {
+    if let Some(why) = &would.paused {
         out.say(format!("   would refuse: {why}"));
     }
-    let behind = move_plan::classes_left_behind(ns, &classes, &users);
-    if !behind.is_empty() && held.is_ok() {
+    if !would.behind.is_empty() {
         out.say(format!(
             "   clusterctl copies ClusterClass {} to the target and leaves it in the source, where Clusters outside namespace {ns} use it (it pauses it there and unpauses only the copy); handoff unpauses it in the source once the move is over",
-            behind.join(", ")
+            would.behind.join(", ")
         ));
     }
     out.say("3. once clusterctl has paused them and the providers lifted their block-move, stop the source's controllers:");
@@ -387,9 +390,9 @@ pub async fn dry_run(
     out.say(format!(
         "handoff move --dry-run: running {} {}",
         opts.clusterctl.display(),
-        render_args(&opts.flags)
+        render_args(&args)
     ));
-    let mut child = spawn(opts, source, out)?;
+    let mut child = spawn(opts, args, source, out)?;
     let status = child.wait().await.map_err(|e| WindowError::Refused {
         cluster: source.label.into(),
         message: format!("waiting for clusterctl: {e}"),

@@ -8,21 +8,21 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::super::child::Child;
-use super::super::close::{CloseOptions, close, say_removed};
-use super::super::common::{Cluster, Result, WindowError, now, read_window, record};
-use super::super::directory_next::{
-    DirReached, DirRead, DirStep, DirectoryPlanner, Ended, Failure, Found,
-};
-use super::super::directory_plan::{self, Direction, DirectoryFlags, Then};
-use super::super::move_next::Seen;
-use super::super::open::{OpenOptions, check, open, window_at_least_closed};
-use super::super::progress::{Format, Progress};
-use super::super::runner::{self, Performer, Publish};
-use super::super::user_agent::StepLabel;
 use super::cluster_api::{CLUSTERS, clusters_in, patch, scan};
 use crate::resources::move_window::MoveRecord;
 use crate::resources::phase::MovePhase;
+use crate::window::child::Child;
+use crate::window::close::{CloseOptions, close, say_removed};
+use crate::window::cluster::{Cluster, Result, WindowError, now, read_window, record};
+use crate::window::open::{OpenOptions, check, open, window_at_least_closed};
+use crate::window::plan::directory_next::{
+    DirReached, DirRead, DirStep, DirectoryPlanner, Ended, Failure, Found,
+};
+use crate::window::plan::directory_plan::{self, Direction, DirectoryFlags, Then};
+use crate::window::plan::move_next::Seen;
+use crate::window::progress::{Format, Progress};
+use crate::window::runner::{self, Performer, Publish};
+use crate::window::user_agent::StepLabel;
 
 #[derive(Debug, Clone)]
 pub struct DirectoryOptions {

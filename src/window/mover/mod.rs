@@ -18,19 +18,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::close::{CloseOptions, Restored};
-use super::common::{Cluster, Result, WindowError, read_window, record};
+use crate::window::close::{CloseOptions, Restored};
+use crate::window::cluster::{Cluster, Result, WindowError, read_window, record};
 
-use super::child::Child;
-use super::move_next::{
+use crate::resources::move_window::{MoveRecord, MoveRole, WindowState};
+use crate::window::child::Child;
+use crate::window::open::{OpenOptions, Taken};
+use crate::window::plan::move_next::{
     self, Asked, Found, MovePlanner, Observed, Reached, Read, Reads, Seen, Step,
 };
-use super::move_plan::{self, ClusterctlFlags};
-use super::open::{OpenOptions, Taken};
-use super::runner::{self, Performer, Publish};
-use super::user_agent::StepLabel;
-use crate::resources::move_window::{MoveRecord, MoveRole, WindowState};
-use cluster_api::{classes_in, clusters_in, every_cluster, scan, secrets_in};
+use crate::window::plan::move_plan::ClusterctlFlags;
+use crate::window::runner::{self, Performer, Publish};
+use crate::window::user_agent::StepLabel;
+use cluster_api::{clusters_in, scan, scope, secrets_in};
 use clusterctl::dry_run;
 use pause_watch::PauseWatch;
 
@@ -180,21 +180,16 @@ impl Mover<'_> {
     async fn observe(&mut self, reads: &Reads, r: Option<&MoveRecord>) -> Result<Observed> {
         let (source, target, ns) = (self.source, self.target, reads.namespace.as_str());
         let mut seen = Observed::default();
-        if reads.clusters {
-            seen.source = Seen::Read(clusters_in(source, ns).await?);
-            seen.target = Seen::Read(clusters_in(target, ns).await?);
-            seen.class_users = Seen::Read(move_plan::users_of(ns, &every_cluster(source).await?));
-        }
-        if reads.classes {
-            let recorded = r.map(|r| r.cluster_classes.as_slice()).unwrap_or_default();
-            // The classes the namespace's Clusters use, where they were read; the record's
-            // and the namespace's own in any case.
-            let clusters = match &seen.source {
-                Seen::Read(v) => v.as_slice(),
-                Seen::NotRead => &[],
-            };
-            let used = move_plan::classes_used(ns, clusters, recorded);
-            seen.classes = Seen::Read(classes_in(source, ns, &used).await?);
+        let recorded = r.map(|r| r.cluster_classes.as_slice()).unwrap_or_default();
+        // `reads` asks for the classes wherever it asks for the Clusters.
+        if reads.clusters || reads.classes {
+            let scope = scope(source, ns, recorded, reads.clusters).await?;
+            seen.classes = Seen::Read(scope.classes);
+            if reads.clusters {
+                seen.source = Seen::Read(scope.clusters);
+                seen.class_users = Seen::Read(scope.class_users);
+                seen.target = Seen::Read(clusters_in(target, ns).await?);
+            }
         }
         if reads.deletes {
             seen.deleting = Seen::Read(deleting(source, target, ns, self.out).await?);
@@ -204,7 +199,7 @@ impl Mover<'_> {
             seen.source_open = Seen::Read(w.is_some_and(|w| w.spec.state == WindowState::Open));
         }
         if reads.version {
-            let said = super::child::version(&self.opts.clusterctl)
+            let said = crate::window::child::version(&self.opts.clusterctl)
                 .await
                 .map_err(|e| self.refused(MoveRole::Source, e.to_string()))?;
             seen.version = Seen::Read(said);

@@ -11,9 +11,9 @@ use kube::api::DynamicObject;
 use kube::runtime::watcher::{self, Event};
 use tokio::task::JoinHandle;
 
-use super::super::common::{Cluster, Result};
-use super::super::move_plan::ClusterSeen;
 use super::cluster_api::{CLUSTERS, resource, seen};
+use crate::window::cluster::{Cluster, Result};
+use crate::window::plan::move_plan::ClusterSeen;
 
 /// The Clusters as last listed and watched; `None` until the first listing is in.
 type View = Arc<Mutex<Option<BTreeMap<String, ClusterSeen>>>>;

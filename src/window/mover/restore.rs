@@ -7,13 +7,13 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::super::close::{CloseOptions, Restored, close};
-use super::super::common::{Cluster, Result, read_window};
-use super::super::move_plan::PAUSED_ANNOTATION;
 use super::cluster_api::{self, CLUSTER_CLASSES, CLUSTERS};
 use super::{MoveOptions, note, phase, read_record};
 use crate::resources::move_window::{MoveRole, Strategy};
 use crate::resources::phase::MovePhase;
+use crate::window::close::{CloseOptions, Restored, close};
+use crate::window::cluster::{Cluster, Result, read_window};
+use crate::window::plan::move_plan::PAUSED_ANNOTATION;
 
 /// Unpause what clusterctl paused: Clusters (`spec.paused`) and ClusterClasses (the paused
 /// annotation), as a re-run needs them.

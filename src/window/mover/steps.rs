@@ -3,11 +3,6 @@
 
 use serde_json::json;
 
-use super::super::close::{close, say_removed};
-use super::super::common::{Result, WindowError, now};
-use super::super::move_next::{Begun, Found, Observed, Outcome, Step, Unpause};
-use super::super::move_plan::{self, BLOCK_MOVE, BlockMoveOn, Holds, Start};
-use super::super::open::{Taken, check, first_taken, open, prove, ready_standbys, take};
 use super::cluster_api::{
     self, CLUSTER_CLASSES, CLUSTERS, DELETE_FOR_MOVE, classes_in, clusters_in,
     unmark_delete_for_move,
@@ -17,6 +12,11 @@ use super::restore::{report_abort, report_done, restore_one, unpause, unpause_sa
 use super::{Mover, begin, note, phase};
 use crate::resources::move_window::{MoveRecord, MoveRole};
 use crate::resources::phase::MovePhase;
+use crate::window::close::{close, say_removed};
+use crate::window::cluster::{Result, WindowError, now};
+use crate::window::open::{Taken, check, first_taken, open, prove, ready_standbys, take};
+use crate::window::plan::move_next::{Begun, Found, Observed, Outcome, Step, Unpause};
+use crate::window::plan::move_plan::{self, BLOCK_MOVE, BlockMoveOn, Holds, Start};
 
 impl Mover<'_> {
     /// Perform `step` on namespace `ns` (`Reads::namespace`); clusterctl's outcome, where it

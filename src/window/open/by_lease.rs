@@ -5,15 +5,15 @@ use crate::window::progress::Progress;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::super::common::{Cluster, Result, now, record};
-use super::super::lease;
-use super::super::plan;
-use super::super::pod_watch::PodWatch;
-use super::super::proof::{self, Takeover};
-use super::super::standby;
 use super::OpenOptions;
 use super::choose::{Choice, Stop};
 use crate::resources::move_window::{FormerPod, HeldLease, PinnedDeployment, Strategy};
+use crate::window::cluster::lease;
+use crate::window::cluster::pod_watch::PodWatch;
+use crate::window::cluster::standby;
+use crate::window::cluster::{Cluster, Result, now, record};
+use crate::window::plan::proof::{self, Takeover};
+use crate::window::plan::stop;
 
 /// The record `open` writes for a Lease-stopped Deployment before it takes anything.
 pub fn leased_record(ch: &Choice) -> Option<PinnedDeployment> {
@@ -33,7 +33,7 @@ pub fn leased_record(ch: &Choice) -> Option<PinnedDeployment> {
                 former_lease_duration_seconds: l
                     .former_duration
                     .or(l.duration)
-                    .unwrap_or(plan::DEFAULT_LEASE_SECONDS),
+                    .unwrap_or(stop::DEFAULT_LEASE_SECONDS),
                 ..HeldLease::default()
             })
             .collect(),
@@ -87,7 +87,7 @@ pub async fn take_leases(
         let ready = standby::ready_pods(c, &ch.namespace, &ch.name)
             .await?
             .unwrap_or(0);
-        for pod in plan::leaders_to_delete(&taken_from, &ch.name, ready) {
+        for pod in stop::leaders_to_delete(&taken_from, &ch.name, ready) {
             if standby::delete_pod(c, &ch.namespace, &pod, &ch.name).await? {
                 out.detail(format!("{}: deleted the former leader's Pod {}/{pod}: it drains its webhooks instead of exiting mid-request (its ReplicaSet replaces it)",
                     c.label, ch.namespace));
@@ -105,7 +105,7 @@ async fn former_pod(
     deployment: &str,
 ) -> Result<Option<FormerPod>> {
     let Some(name) =
-        plan::pod_of_identity(holder).filter(|p| plan::pod_of_deployment(p, deployment))
+        stop::pod_of_identity(holder).filter(|p| stop::pod_of_deployment(p, deployment))
     else {
         return Ok(None);
     };
@@ -197,7 +197,7 @@ pub fn bound(held: &[Held]) -> Timestamp {
             match h.lease.former_holder.is_empty() {
                 // Released before we took it: nobody was leading.
                 true => since,
-                false => plan::stopped_at(since, h.lease.former_lease_duration_seconds),
+                false => stop::stopped_at(since, h.lease.former_lease_duration_seconds),
             }
         })
         .max()

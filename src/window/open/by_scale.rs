@@ -10,11 +10,11 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use super::super::common::{Cluster, Result, WindowError, api_err, labels};
-use super::super::plan::{self, PinPlan};
 use super::OpenOptions;
 use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
 use crate::rules::selector::Selector;
+use crate::window::cluster::{Cluster, Result, WindowError, api_err, labels};
+use crate::window::plan::stop::{self, PinPlan};
 
 /// Scale one Deployment to 0, saving its count in the annotation. Returns the saved count.
 pub async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut Progress) -> Result<i32> {
@@ -24,7 +24,7 @@ pub async fn pin_deployment(c: &Cluster, ns: &str, name: &str, out: &mut Progres
             .get(name)
             .await
             .map_err(api_err(c, format!("reading Deployment {ns}/{name}")))?;
-        let (patch, saved_now) = match plan::pin_plan(&d) {
+        let (patch, saved_now) = match stop::pin_plan(&d) {
             PinPlan::AlreadyPinned(s) => {
                 out.say(format!(
                     "{}: {ns}/{name} already pinned (restores to {s})",

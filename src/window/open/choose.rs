@@ -5,17 +5,17 @@
 use crate::window::progress::Progress;
 use std::collections::BTreeMap;
 
-use super::super::common::{
-    Cluster, Finding, Result, WindowError, dep_key, read_window, selected_deployments,
-};
-use super::super::lease;
-use super::super::plan::{self, LeaseSeen, PinPlan, StopChoice};
-use super::super::preflight::{self, preflight};
-use super::super::proof;
 use super::OpenOptions;
 use crate::resources::move_window::{MoveWindowSpec, PinnedDeployment, StopPolicy};
 use crate::rules::move_window::SAVED_REPLICAS_ANNOTATION;
 use crate::rules::selector::Selector;
+use crate::window::cluster::lease;
+use crate::window::cluster::preflight::{self, preflight};
+use crate::window::cluster::{
+    Cluster, Finding, Result, WindowError, dep_key, read_window, selected_deployments,
+};
+use crate::window::plan::proof;
+use crate::window::plan::stop::{self, LeaseSeen, PinPlan, StopChoice};
 
 /// How `open` will stop one selected Deployment on one cluster.
 #[derive(Debug, Clone)]
@@ -69,20 +69,20 @@ pub async fn choose(
         let rec = recorded
             .iter()
             .find(|p| p.namespace == ns && p.name == name);
-        let mut claims = plan::claims(&name, &by_ns[&ns], &opts.name);
+        let mut claims = stop::claims(&name, &by_ns[&ns], &opts.name);
         if claims.is_empty() && rec.is_none() && policy != StopPolicy::Scale {
             claims = await_candidate(c, opts, &ns, &name, &mut by_ns, progress).await?;
         }
         let leases = &by_ns[&ns];
         let what = format!("{ns}/{name}");
-        let stop = match plan::choose_stop(policy, &what, rec, &claims) {
+        let stop = match stop::choose_stop(policy, &what, rec, &claims) {
             StopChoice::Refuse(message) => {
                 return Err(WindowError::Refused {
                     cluster: c.label.into(),
                     message,
                 });
             }
-            StopChoice::Scale => Stop::Scale(plan::pin_plan(&d)),
+            StopChoice::Scale => Stop::Scale(stop::pin_plan(&d)),
             StopChoice::Lease(names) => {
                 let mut seen = Vec::new();
                 for n in names {
@@ -129,11 +129,11 @@ async fn await_candidate(
     name: &str,
     by_ns: &mut BTreeMap<String, Vec<LeaseSeen>>,
     progress: &mut Progress,
-) -> Result<Vec<plan::Claim>> {
+) -> Result<Vec<stop::Claim>> {
     let mut said = false;
     let mut claims = Vec::new();
     while let Some((l, until)) = by_ns[ns].iter().find_map(|l| {
-        plan::awaits_candidate(l, k8s_openapi::jiff::Timestamp::now()).map(|u| (l, u))
+        stop::awaits_candidate(l, k8s_openapi::jiff::Timestamp::now()).map(|u| (l, u))
     }) {
         if !said {
             progress.say(format!(
@@ -144,7 +144,7 @@ async fn await_candidate(
         }
         tokio::time::sleep(RELEASED_POLL).await;
         by_ns.insert(ns.to_string(), lease::leases_in(c, ns).await?);
-        claims = plan::claims(name, &by_ns[ns], &opts.name);
+        claims = stop::claims(name, &by_ns[ns], &opts.name);
         if !claims.is_empty() {
             break;
         }
@@ -205,10 +205,10 @@ pub async fn plan_open(
             out.say(format!("{}: no Deployment matches {selector}", c.label));
         }
         for ch in &choices {
-            let standby = opts.standby && plan::needs_standby(ch.replicas, None);
+            let standby = opts.standby && stop::needs_standby(ch.replicas, None);
             if let Stop::Lease(leases) = &ch.plan {
                 for l in leases.iter().filter(|l| l.window().is_none()) {
-                    let bound = l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS);
+                    let bound = l.duration.unwrap_or(stop::DEFAULT_LEASE_SECONDS);
                     wait.at_latest = wait.at_latest.max(i64::from(bound));
                     wait.expected = wait.expected.max(expected(ch, l, standby).within);
                 }
@@ -229,7 +229,7 @@ fn expected(ch: &Choice, l: &LeaseSeen, standby: bool) -> proof::Expected {
         // A Ready pod stays: another replica, or the standby; so the leader's is deleted.
         standby || ch.replicas >= 2,
         ch.grace,
-        l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS),
+        l.duration.unwrap_or(stop::DEFAULT_LEASE_SECONDS),
     )
 }
 
@@ -256,7 +256,7 @@ fn planned(ch: &Choice, standby: bool) -> String {
                     } else {
                         &l.holder
                     },
-                    l.duration.unwrap_or(plan::DEFAULT_LEASE_SECONDS),
+                    l.duration.unwrap_or(stop::DEFAULT_LEASE_SECONDS),
                     expected(ch, l, !standby.is_empty()).said
                 ),
             })

@@ -4,18 +4,18 @@
 
 use tokio::time::Instant;
 
-use super::super::common::{Cluster, Result, WindowError, read_windows, record};
-use super::super::lease;
-use super::super::plan;
-use super::super::runner::{self, Performer, Publish};
-use super::super::window_next::{OpenPlanner, OpenStep, Seen};
 use super::choose::Stop;
 use super::{
     Choice, Chosen, OpenOptions, Taken, add_standbys, checked, ensure_open, leased_record,
     pin_scaled, prove, take_leases,
 };
 use crate::resources::move_window::{MoveWindow, MoveWindowStatus, PinnedDeployment};
+use crate::window::cluster::lease;
+use crate::window::cluster::{Cluster, Result, WindowError, read_windows, record};
+use crate::window::plan::stop;
+use crate::window::plan::window_next::{OpenPlanner, OpenStep, Seen};
 use crate::window::progress::Progress;
+use crate::window::runner::{self, Performer, Publish};
 
 /// Open a window on every cluster: choose and preflight all, then create the windows, stop
 /// every selected Deployment (Lease or Scale, source first), and wait until each is proven
@@ -196,7 +196,7 @@ async fn operators(
             };
             if let Some(message) = leases
                 .iter()
-                .find_map(|l| plan::held_for_another(l, &opts.name, &me))
+                .find_map(|l| stop::held_for_another(l, &opts.name, &me))
             {
                 return Err(WindowError::Refused {
                     cluster: c.label.into(),

@@ -15,16 +15,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::PostParams;
 
-use super::common::{
-    Cluster, Result, WindowError, api_err, labels, now, pinned_mut, read_window, record, set_state,
-    upsert_pinned,
-};
-use super::installed;
-use super::lease;
-use super::plan;
-use super::preflight::{self, preflight};
-use super::standby;
-use super::window_webhook;
 use crate::resources::move_window::{
     MoveWindow, MoveWindowSpec, MoveWindowStatus, PinnedDeployment, StopPolicy, Strategy,
     WindowState,
@@ -32,6 +22,16 @@ use crate::resources::move_window::{
 use crate::resources::phase::WindowPhase;
 use crate::rules::move_window::OwnDeployment;
 use crate::rules::selector::Selector;
+use crate::window::cluster::installed;
+use crate::window::cluster::lease;
+use crate::window::cluster::preflight::{self, preflight};
+use crate::window::cluster::standby;
+use crate::window::cluster::window_webhook;
+use crate::window::cluster::{
+    Cluster, Result, WindowError, api_err, labels, now, pinned_mut, read_window, record, set_state,
+    upsert_pinned,
+};
+use crate::window::plan::stop;
 use by_lease::{Held, bound, leased_record, take_leases};
 use by_scale::{pin_deployment, wait_pods_gone, wait_policy_in_force};
 pub use choose::Choice;
@@ -242,7 +242,7 @@ pub async fn ready_standbys(c: &Cluster, opts: &OpenOptions, out: &mut Progress)
         .collect();
     if !leased
         .iter()
-        .any(|ch| plan::needs_standby(ch.replicas, None))
+        .any(|ch| stop::needs_standby(ch.replicas, None))
     {
         return Ok(());
     }
@@ -474,7 +474,7 @@ async fn add_standbys(
             standbys.push((*ch, p.saved_replicas + 1));
             continue;
         }
-        if !plan::needs_standby(ch.replicas, rec) {
+        if !stop::needs_standby(ch.replicas, rec) {
             continue;
         }
         record(c, &opts.name, |s| {

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::super::common::{Result, now, pinned_mut, record};
 use super::Taken;
 use super::by_lease::{Held, held_since, takeover};
 use crate::resources::move_window::ProofKind;
 use crate::resources::phase::WindowPhase;
+use crate::window::cluster::{Result, now, pinned_mut, record};
+use crate::window::plan::proof::{self, Proof, ProvenBy};
 use crate::window::progress::Progress;
-use crate::window::proof::{self, Proof, ProvenBy};
 
 /// How often the watches' reports are read again (in memory: no request).
 const TICK: Duration = Duration::from_millis(200);

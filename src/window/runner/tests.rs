@@ -2,8 +2,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::*;
-use crate::window::declare::{Of, steps};
-use crate::window::planner::{ExitStatus, Interrupt};
+use crate::window::plan::declare::{Of, steps};
+use crate::window::plan::planner::{ExitStatus, Interrupt};
 use crate::window::progress::{Format, Said};
 
 steps! {

@@ -11,9 +11,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 
-use super::common::{Cluster, Result, WindowError, api_err};
-use super::plan::{self, LeaseSeen, TakePlan};
 use crate::resources::move_window::HeldLease;
+use crate::window::cluster::{Cluster, Result, WindowError, api_err};
+use crate::window::plan::stop::{self, LeaseSeen, TakePlan};
 
 /// Every Lease in `ns`, as the plan reads them.
 pub async fn leases_in(c: &Cluster, ns: &str) -> Result<Vec<LeaseSeen>> {
@@ -102,7 +102,7 @@ pub async fn take(
             });
         };
         let now = Timestamp::now();
-        match plan::take_plan(&l, window, operator, now) {
+        match stop::take_plan(&l, window, operator, now) {
             TakePlan::AlreadyHeld {
                 former_holder,
                 former_duration,
@@ -180,12 +180,12 @@ pub async fn release(c: &Cluster, ns: &str, name: &str, window: &str) -> Result<
             return Ok(Released::AlreadyFree);
         };
         let (patch, done) = if l.window() == Some(window) {
-            (plan::release_patch(&l, Timestamp::now()), Released::Freed)
+            (stop::release_patch(&l, Timestamp::now()), Released::Freed)
         } else if let Some((w, holder)) = l.taken_back()
             && w == window
         {
             (
-                plan::strip_patch(&l),
+                stop::strip_patch(&l),
                 Released::TakenBack(holder.to_string()),
             )
         } else {
@@ -247,7 +247,7 @@ pub async fn held_anywhere(
 pub async fn leader(c: &Cluster, ns: &str, name: &str, deployment: &str) -> Result<Option<String>> {
     Ok(read(c, ns, name)
         .await?
-        .and_then(|l| plan::leader_of(&l, deployment).map(str::to_string)))
+        .and_then(|l| stop::leader_of(&l, deployment).map(str::to_string)))
 }
 
 /// The window that holds it now, by its holder identity; that identity; and the window a hold

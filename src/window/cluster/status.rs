@@ -8,12 +8,14 @@ use kube::Api;
 use kube::api::ListParams;
 use serde::Serialize;
 
-use super::common::{Cluster, Label, Result, api_err, dep_key, read_window, selected_deployments};
-use super::lease;
 use crate::resources::move_window::{
     MoveRole, MoveWindow, PinnedDeployment, Strategy, WindowState,
 };
 use crate::rules::move_window::{OwnDeployment, SAVED_REPLICAS_ANNOTATION};
+use crate::window::cluster::lease;
+use crate::window::cluster::{
+    Cluster, Label, Result, api_err, dep_key, read_window, selected_deployments,
+};
 
 /// One window as `handoff window status` reports it, with the live state of its Deployments.
 #[derive(Debug, Clone, Serialize)]

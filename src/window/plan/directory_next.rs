@@ -4,12 +4,12 @@
 //! failure from a backup's pause on puts it back before it is recorded. The performer
 //! (`mover/directory.rs`) decides nothing.
 
-use super::declare::{Of, steps};
-use super::directory_plan::{Direction, Start, Then};
-use super::move_next::Seen;
-use super::move_plan::{self, ClusterSeen};
-use super::planner::{ExitStatus, Observation, Planner, Verdict};
 use crate::resources::phase::MovePhase;
+use crate::window::plan::declare::{Of, steps};
+use crate::window::plan::directory_plan::{Direction, Start, Then};
+use crate::window::plan::move_next::Seen;
+use crate::window::plan::move_plan::{self, ClusterSeen};
+use crate::window::plan::planner::{ExitStatus, Observation, Planner, Verdict};
 
 steps! {
 /// One step of a backup or a restore, with what it acts on, in the order of

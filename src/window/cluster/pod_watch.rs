@@ -16,8 +16,8 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::common::Cluster;
-use super::proof::{PodReport, report};
+use crate::window::cluster::Cluster;
+use crate::window::plan::proof::{PodReport, report};
 
 /// How long the take-over waits for the watch's first listing before it deletes the Pod (a
 /// watch that starts after the delete may miss the end; then the bound holds).

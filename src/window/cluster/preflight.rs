@@ -11,9 +11,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use kube::api::ListParams;
 
-use super::common::{Cluster, Finding, Result, api_err, dep_key, selected_deployments};
 use crate::rules::move_window::OwnDeployment;
 use crate::rules::selector::Selector;
+use crate::window::cluster::{Cluster, Finding, Result, api_err, dep_key, selected_deployments};
 
 /// The findings said once per Deployment: `cluster: Deployment ns/name backs Service s (3
 /// fail-closed webhooks, 1 conversion)`, in the order first found.

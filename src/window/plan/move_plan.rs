@@ -46,6 +46,40 @@ pub fn namespace_of(key: &str) -> &str {
     key.split_once('/').map_or("", |(ns, _)| ns)
 }
 
+/// What a move of namespace `ns` acts on in the source, from its every Cluster and every
+/// ClusterClass: its Clusters, the Clusters of other namespaces that use one of its
+/// ClusterClasses, and the ClusterClasses it touches (`classes_used`, and its own), sorted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub clusters: Vec<ClusterSeen>,
+    pub class_users: Vec<ClusterSeen>,
+    pub classes: Vec<ClusterSeen>,
+}
+
+pub fn scope(
+    ns: &str,
+    every_cluster: &[ClusterSeen],
+    every_class: Vec<ClusterSeen>,
+    recorded: &[String],
+) -> Scope {
+    let clusters: Vec<ClusterSeen> = every_cluster
+        .iter()
+        .filter(|c| namespace_of(&c.key) == ns)
+        .cloned()
+        .collect();
+    let used = classes_used(ns, &clusters, recorded);
+    let mut classes: Vec<ClusterSeen> = every_class
+        .into_iter()
+        .filter(|k| namespace_of(&k.key) == ns || used.contains(&k.key))
+        .collect();
+    classes.sort_by(|a, b| a.key.cmp(&b.key));
+    Scope {
+        class_users: users_of(ns, every_cluster),
+        clusters,
+        classes,
+    }
+}
+
 /// The ClusterClasses a move of `ns` touches in the source, beside the namespace's own: those
 /// its Clusters use in other namespaces (clusterctl discovers, pauses and copies them, and
 /// never deletes them from the source: `objectgraph.go`, `Discovery` and `setShouldNotDelete`)
@@ -399,6 +433,36 @@ impl BlockMoveOn {
         };
         format!("{kind} {}", self.keys.join(", "))
     }
+}
+
+/// What `handoff move --dry-run` says handoff would do of the block-move, from the source's
+/// Cluster API objects (`users`: the Clusters of other namespaces that use a ClusterClass of
+/// `ns`): where it goes or why it cannot, what is paused, and which ClusterClasses clusterctl
+/// leaves in the source (said only where the block-move holds).
+pub fn dry_run(
+    ns: &str,
+    window: &str,
+    clusters: &[ClusterSeen],
+    classes: &[ClusterSeen],
+    users: &[ClusterSeen],
+) -> DryRun {
+    let held = add_block_move(ns, clusters, classes, users, window);
+    let behind = match held.is_ok() {
+        true => classes_left_behind(ns, classes, users),
+        false => Vec::new(),
+    };
+    DryRun {
+        held,
+        paused: paused_before(clusters, classes),
+        behind,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DryRun {
+    pub held: Result<BlockMoveOn, BlockMoveError>,
+    pub paused: Option<Paused>,
+    pub behind: Vec<String>,
 }
 
 /// Where handoff puts its block-move: every Cluster in scope, or where the namespace holds
@@ -849,6 +913,35 @@ mod tests {
             .to_string();
         assert!(why.contains("ClusterClass classes/quick"), "{why}");
         assert!(is_handoffs(&block_move_value("w")) && !is_handoffs("provider"));
+    }
+
+    #[test]
+    fn a_moves_scope_is_its_clusters_their_classes_anywhere_and_who_else_uses_its_own() {
+        let every = [
+            uses("team-a/a1", "classes/quick"),
+            uses("team-b/b1", "team-a/shared"),
+            uses("team-b/b2", "classes/quick"),
+        ];
+        let classes = vec![
+            c("team-a/shared", false, None),
+            c("classes/quick", true, None),
+            c("classes/unused", false, None),
+            c("old/recorded", false, None),
+            c("team-b/theirs", false, None),
+        ];
+        let s = scope("team-a", &every, classes.clone(), &["old/recorded".into()]);
+        let keys = |v: &[ClusterSeen]| v.iter().map(|c| c.key.clone()).collect::<Vec<_>>();
+        assert_eq!(keys(&s.clusters), ["team-a/a1"]);
+        assert_eq!(keys(&s.class_users), ["team-b/b1"]);
+        assert_eq!(
+            keys(&s.classes),
+            ["classes/quick", "old/recorded", "team-a/shared"]
+        );
+        assert!(s.classes[0].paused);
+        // The classes alone: the namespace's own and the recorded ones.
+        let s = scope("team-a", &[], classes, &["old/recorded".into()]);
+        assert!(s.clusters.is_empty() && s.class_users.is_empty());
+        assert_eq!(keys(&s.classes), ["old/recorded", "team-a/shared"]);
     }
 
     #[test]

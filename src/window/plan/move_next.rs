@@ -9,13 +9,13 @@ mod reached;
 
 pub use reached::{AbortAt, Begun, FinishAt, MoveAt, Path, Reached, Seen, Span, SpanAt};
 
-use super::declare::{Of, steps};
-use super::move_plan::{
-    self, BlockMoveOn, ClusterSeen, ClusterctlVersion, Refusal, Start, StartError, abort_refused,
-};
-use super::planner::{Catch, ExitStatus, Interrupt, Observation, Planner, Verdict};
 use crate::resources::move_window::{MoveRecord, MoveRole};
 use crate::resources::phase::MovePhase;
+use crate::window::plan::declare::{Of, steps};
+use crate::window::plan::move_plan::{
+    self, BlockMoveOn, ClusterSeen, ClusterctlVersion, Refusal, Start, StartError, abort_refused,
+};
+use crate::window::plan::planner::{Catch, ExitStatus, Interrupt, Observation, Planner, Verdict};
 
 /// What the user asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -20,9 +20,9 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use super::declare::Of;
-use super::move_plan::ClusterSeen;
 use crate::resources::move_window::MoveRecord;
+use crate::window::plan::declare::Of;
+use crate::window::plan::move_plan::ClusterSeen;
 
 /// Which way the objects go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +71,7 @@ pub fn clusterctl_args(f: &DirectoryFlags) -> Vec<OsString> {
     a
 }
 
-pub use super::directory_next::DirectoryStep;
+pub use crate::window::plan::directory_next::DirectoryStep;
 
 impl Direction {
     /// Whose steps these are.
@@ -117,7 +117,9 @@ pub fn start(
 ) -> Start {
     let recorded: &[String] = record.map(|r| r.clusters.as_slice()).unwrap_or(&[]);
     let unpause: Vec<String> = match direction {
-        Direction::Backup { .. } => super::move_plan::to_unpause(&[], recorded, clusters),
+        Direction::Backup { .. } => {
+            crate::window::plan::move_plan::to_unpause(&[], recorded, clusters)
+        }
         Direction::Restore => Vec::new(),
     };
     if abort {
@@ -186,7 +188,7 @@ pub fn backup_ready(clusters: &[ClusterSeen], blocking: &[String]) -> Result<(),
         true => Ok(()),
         false => Err(format!(
             "the providers to lift their {} from {}",
-            super::move_plan::BLOCK_MOVE,
+            crate::window::plan::move_plan::BLOCK_MOVE,
             all.join(", ")
         )),
     }

@@ -24,10 +24,10 @@ use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, Preconditions};
 use serde_json::{Value, json};
 
-use super::common::Present;
-use super::common::{Cluster, Result, WindowError, api_err};
 use crate::admission_policy::{LEASE_HOLD_POLICY, PIN_POLICY, WINDOW_LABEL, apply, per_window};
 use crate::resources::move_window::MoveWindow;
+use crate::window::cluster::Present;
+use crate::window::cluster::{Cluster, Result, WindowError, api_err};
 
 pub const CRD_NAME: &str = "movewindows.handoff.dev";
 /// On a CRD a window created: it is handoff's to remove once no window uses it.

@@ -31,8 +31,8 @@
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use super::plan;
 use crate::resources::move_window::{FormerPod, ProofKind, StopProof};
+use crate::window::plan::stop;
 
 /// How much later than the take-over an instance running in a proving report must have
 /// started (the node's clock against this one's): one that started earlier may be one the
@@ -123,7 +123,7 @@ pub fn proof(t: &Takeover, reports: &[PodReport], now: Timestamp) -> Proof {
             by: ProvenBy::NobodyLed,
         };
     }
-    let bound = plan::stopped_at(t.held_since, t.lease_seconds);
+    let bound = stop::stopped_at(t.held_since, t.lease_seconds);
     let (exited, why) = match t.pod {
         None => (None, no_pod(t.former_holder, t.deployment)),
         Some(pod) => exited(pod, t.held_since, reports),
@@ -143,7 +143,7 @@ pub fn proof(t: &Takeover, reports: &[PodReport], now: Timestamp) -> Proof {
 }
 
 fn no_pod(holder: &str, deployment: &str) -> String {
-    match plan::pod_of_identity(holder).filter(|p| plan::pod_of_deployment(p, deployment)) {
+    match stop::pod_of_identity(holder).filter(|p| stop::pod_of_deployment(p, deployment)) {
         None => format!(
             "its holder {holder} is no Pod of Deployment {deployment} (a manager run outside the cluster?)"
         ),
@@ -217,7 +217,7 @@ pub fn expected(
     let (said, within) = if holder.is_empty() {
         ("nobody leads: proven at once".into(), 0)
     } else {
-        match plan::pod_of_identity(holder).filter(|p| plan::pod_of_deployment(p, deployment)) {
+        match stop::pod_of_identity(holder).filter(|p| stop::pod_of_deployment(p, deployment)) {
             None => (
                 format!(
                     "proven by its Lease bound, {lease_seconds}s: its holder is not one of the Deployment's Pods"

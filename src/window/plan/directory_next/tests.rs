@@ -1,6 +1,6 @@
 use super::*;
-use crate::window::declare::StepName as _;
-use crate::window::directory_plan;
+use crate::window::plan::declare::StepName as _;
+use crate::window::plan::directory_plan;
 
 const NS: &str = "ns1";
 

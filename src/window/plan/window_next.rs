@@ -5,10 +5,10 @@
 //! `RunClusterctl` the source once clusterctl paused it, `RestoreTarget` and `RestoreSource`
 //! close them), so a window opened by a move and one opened by hand go through the same steps.
 
-use super::declare::{Of, steps};
-use super::planner::{Observation, Planner, Verdict};
 use crate::resources::move_window::MoveWindow;
 use crate::resources::phase::{UnknownPhase, WindowPhase};
+use crate::window::plan::declare::{Of, steps};
+use crate::window::plan::planner::{Observation, Planner, Verdict};
 
 /// One cluster's window as read before the run's first step (the run's own writes are in
 /// what it performed).

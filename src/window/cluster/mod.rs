@@ -1,5 +1,15 @@
-//! What every `handoff window` command shares: the clusters, the errors, reading the selected
-//! Deployments and recording progress in the window's status.
+//! A cluster as the commands read and write it: the clusters, the errors, reading the selected
+//! Deployments and recording progress in the window's status; beside it, what of handoff
+//! guards a cluster (`installed`, `window_webhook`), its Leases, standbys and pods, the
+//! preflight and `handoff window status`.
+
+pub mod installed;
+pub(crate) mod lease;
+pub(crate) mod pod_watch;
+pub(crate) mod preflight;
+pub(crate) mod standby;
+pub(crate) mod status;
+pub mod window_webhook;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -209,12 +219,12 @@ pub enum WindowError {
     #[error("{cluster}: {why}")]
     MoveRefused {
         cluster: Label,
-        why: super::move_plan::Refusal,
+        why: crate::window::plan::move_plan::Refusal,
     },
     /// Where a command needs SIGINT and SIGTERM caught (from a move's checks until clusterctl
     /// is done) and cannot, it writes nothing more.
     #[error("handoff: {0}")]
-    CannotCatch(#[from] super::runner::CannotCatch),
+    CannotCatch(#[from] crate::window::runner::CannotCatch),
     /// A backup that failed and was put back: why, as recorded.
     #[error("{0}")]
     Failed(String),

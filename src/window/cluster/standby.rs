@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::common::{Cluster, Result, WindowError, api_err};
+use crate::window::cluster::{Cluster, Result, WindowError, api_err};
 
 /// Scale `ns/name` to `count`.
 pub async fn scale(c: &Cluster, ns: &str, name: &str, count: i32) -> Result<()> {
@@ -99,7 +99,7 @@ pub async fn deployment_pod(
             .flatten()
             .map(|o| (o.kind.clone(), o.name.clone()))
             .collect();
-        super::plan::owned_by_deployment(name, &owners, deployment)
+        crate::window::plan::stop::owned_by_deployment(name, &owners, deployment)
     }))
 }
 

@@ -3,7 +3,7 @@
 //! whether it goes on. No planner sees a cluster, a clock or a process: the performer reads
 //! and writes, the runner publishes, and each decision is a function a table test can walk.
 
-use super::declare::{Of, StepName};
+use crate::window::plan::declare::{Of, StepName};
 
 /// What a performed step came to, as its planner hears it.
 pub enum Observation<'a, F> {

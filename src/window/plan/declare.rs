@@ -61,7 +61,7 @@ macro_rules! steps {
             ),*
         }
 
-        $crate::window::declare::steps! {
+        $crate::window::plan::declare::steps! {
             #[doc = concat!("The names of [`", stringify!($Step), "`]'s variants.")]
             $vis names enum $Name { $( $(#[doc = $doc])* $V ),* }
         }
@@ -87,7 +87,7 @@ macro_rules! steps {
             $( $(#[doc = $doc])* $V ),*
         }
 
-        impl $crate::window::declare::StepName for $Name {
+        impl $crate::window::plan::declare::StepName for $Name {
             const ALL: &'static [$Name] = &[$($Name::$V),*];
 
             fn as_str(self) -> &'static str {

@@ -1,7 +1,7 @@
 use super::*;
 use crate::resources::phase::MovePhase;
-use crate::window::declare::StepName as _;
-use crate::window::planner::{Catch, ExitStatus, Interrupt, Observation, Planner, Verdict};
+use crate::window::plan::declare::StepName as _;
+use crate::window::plan::planner::{Catch, ExitStatus, Interrupt, Observation, Planner, Verdict};
 use MoveRole::{Source, Target};
 
 const NS: &str = "clusters";
@@ -816,7 +816,7 @@ fn a_namespace_of_cluster_classes_alone_is_held_by_its_classes_or_refused_while_
 
 /// The phases of the book's "If a move stops" table, a row each (`none` for no record).
 fn books_phases() -> Vec<String> {
-    let page = include_str!("../../../docs/src/tasks/move.md");
+    let page = include_str!("../../../../docs/src/tasks/move.md");
     let table = page
         .split("<!-- crash-points: checked by tests/capi/crash.rs -->")
         .nth(1)

@@ -4,8 +4,8 @@
 //! fields could say all of these; a `Reached` cannot.
 
 use super::{Because, Found, Outcome, Step};
-use crate::window::move_plan::{BlockMoveOn, Start};
-use crate::window::planner::{ExitStatus, Interrupt};
+use crate::window::plan::move_plan::{BlockMoveOn, Start};
+use crate::window::plan::planner::{ExitStatus, Interrupt};
 
 /// What this run has done: nothing yet, or begun on one namespace along one path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
