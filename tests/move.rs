@@ -440,6 +440,8 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
             "StartClusterctl",
             "AwaitPause",
             "StopSource",
+            "ProveStopped",
+            "Lift",
             "AwaitClusterctl",
             "ClusterctlExited",
             "Lift",

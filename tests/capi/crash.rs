@@ -1034,6 +1034,7 @@ fn crash_suite(test_name: &str, half: usize) {
             "StopTarget",
             "Hold",
             "StopSource",
+            "ProveStopped",
             "Lift",
             "Copied",
             "RestoreTarget",

@@ -13,7 +13,7 @@ use super::{MoveOptions, Mover, note, phase};
 use crate::resources::phase::MovePhase;
 use crate::window::child::{Child, ExitStatus};
 use crate::window::cluster::{Cluster, Result, WindowError};
-use crate::window::open::{OpenOptions, Taken, first_taken, plan_open, prove, take};
+use crate::window::open::{first_taken, plan_open, prove, take};
 use crate::window::plan::move_next::Because;
 use crate::window::plan::move_plan::{self, BLOCK_MOVE};
 use std::ffi::OsString;
@@ -78,44 +78,6 @@ fn render_args(args: &[OsString]) -> String {
         .join(" ")
 }
 
-/// Stop the source's controllers, and prove them stopped together with the target's (taken
-/// before clusterctl started): the later of the two bounds, each Lease still the window's,
-/// each Lease-stopped controller serving. Then record that clusterctl may copy; the lift of
-/// handoff's block-move comes after, and only once this returned.
-async fn stop_source(
-    source: &Cluster,
-    target: &Cluster,
-    source_opts: &OpenOptions,
-    target_taken: Vec<Taken>,
-    window: &str,
-    paused: &[String],
-    out: &mut Progress,
-) -> Result<()> {
-    note(target, window, |m| {
-        m.phase = MovePhase::StoppingSource;
-        m.paused_by_clusterctl = paused.to_vec();
-    })
-    .await?;
-    let p = phase(
-        out,
-        "clusterctl paused the source and the providers lifted their block-move: stopping the source's controllers",
-    );
-    let mut all = target_taken;
-    let source_taken = take(std::slice::from_ref(source), source_opts, out).await?;
-    let first = first_taken(&source_taken);
-    note(target, window, |m| {
-        m.source_stopped_at.get_or_insert_with(|| first.clone());
-    })
-    .await?;
-    all.extend(source_taken);
-    prove(&all, out).await?;
-    p.done(
-        out,
-        "both clusters' controllers are proven stopped, and serve their webhooks",
-    );
-    note(target, window, |m| m.phase = MovePhase::Copying).await
-}
-
 impl Mover<'_> {
     /// clusterctl started, its pause watched from before (`StartClusterctl`); the child goes
     /// to the runner (`Performer::started`), which waits on its end from now on.
@@ -167,23 +129,46 @@ impl Mover<'_> {
         }
     }
 
-    /// The source stopped and proven with the target, `Copying` recorded, the block-move
-    /// lifted (`StopSource`).
-    pub(super) async fn stop_source(&mut self, paused: &[String], ns: &str) -> Result<()> {
-        let target_taken = std::mem::take(&mut self.target_taken);
-        let (source, target, opts) = (self.source, self.target, self.opts);
-        stop_source(
-            source,
-            target,
-            &self.source_opts,
-            target_taken,
-            &opts.window,
-            paused,
-            self.out,
-        )
+    /// `Stopping source` recorded with what clusterctl paused, the source's controllers taken
+    /// and when first recorded (`StopSource`); proven with the target's next.
+    pub(super) async fn stop_source(&mut self, paused: &[String]) -> Result<()> {
+        let (source, target, window) = (self.source, self.target, &self.opts.window);
+        note(target, window, |m| {
+            m.phase = MovePhase::StoppingSource;
+            m.paused_by_clusterctl = paused.to_vec();
+        })
         .await?;
-        let_clusterctl_copy(source, target, ns, opts, self.out).await;
+        self.source_stop = Some(phase(
+            self.out,
+            "clusterctl paused the source and the providers lifted their block-move: stopping the source's controllers",
+        ));
+        let source_taken = take(std::slice::from_ref(source), &self.source_opts, self.out).await?;
+        let first = first_taken(&source_taken);
+        note(target, window, |m| {
+            m.source_stopped_at.get_or_insert_with(|| first.clone());
+        })
+        .await?;
+        self.taken.extend(source_taken);
         Ok(())
+    }
+
+    /// Both clusters' controllers proven stopped together (the later of the two bounds, each
+    /// Lease still the window's, each Lease-stopped controller serving), then `Copying`
+    /// recorded: clusterctl may copy once the block-move is lifted, and only after this
+    /// (`ProveStopped`).
+    pub(super) async fn prove_stopped(&mut self) -> Result<()> {
+        let taken = std::mem::take(&mut self.taken);
+        prove(&taken, self.out).await?;
+        if let Some(p) = self.source_stop.take() {
+            p.done(
+                self.out,
+                "both clusters' controllers are proven stopped, and serve their webhooks",
+            );
+        }
+        note(self.target, &self.opts.window, |m| {
+            m.phase = MovePhase::Copying
+        })
+        .await
     }
 
     /// Pass `signal` on to clusterctl, saying why (`SignalClusterctl`).
@@ -308,31 +293,6 @@ async fn source_paused(
             .map(|c| c.key.clone())
             .collect(),
     )
-}
-
-/// Both clusters proven stopped: handoff's block-move lifted, so that clusterctl copies. A
-/// lift that fails keeps clusterctl held until it gives up; the way out lifts again.
-async fn let_clusterctl_copy(
-    source: &Cluster,
-    target: &Cluster,
-    ns: &str,
-    opts: &MoveOptions,
-    out: &mut Progress,
-) {
-    match lift_block_move(source, target, &opts.window, ns).await {
-        Ok(lifted) if !lifted.is_empty() => {
-            out.say(format!(
-                "source: lifted handoff's {BLOCK_MOVE} from {}: clusterctl copies now",
-                lifted.join(", ")
-            ));
-        }
-        Ok(_) => {}
-        Err(e) => {
-            out.warn(format!(
-                "{e}; clusterctl stays held by handoff's block-move"
-            ));
-        }
-    }
 }
 
 /// `--dry-run`: clusterctl's own dry run, and handoff's plan for both clusters; nothing is

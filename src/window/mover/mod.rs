@@ -154,8 +154,11 @@ struct Mover<'a> {
     /// The source's Clusters, watched from before clusterctl starts, for its pause.
     pauses: Option<PauseWatch>,
     waited: clusterctl::Waited,
-    /// The target's controllers, taken and not yet proven (the source's stop proves them).
-    target_taken: Vec<Taken>,
+    /// The controllers taken and not yet proven: the target's, then the source's
+    /// (`ProveStopped` proves them together).
+    taken: Vec<Taken>,
+    /// The timed line the source's stop opened, ended by the proof.
+    source_stop: Option<Phase>,
     restored: Vec<Restored>,
     started: Instant,
     out: &'a mut Progress,
@@ -287,7 +290,8 @@ pub async fn run(
         clusterctl_started: None,
         pauses: None,
         waited: Default::default(),
-        target_taken: Vec::new(),
+        taken: Vec::new(),
+        source_stop: None,
         restored: Vec::new(),
         started: Instant::now(),
         out,

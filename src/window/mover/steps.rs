@@ -60,7 +60,8 @@ impl Mover<'_> {
             Step::AwaitPause => {
                 return self.await_pause(ns).await.map(Found::SourcePaused);
             }
-            Step::StopSource { paused } => self.stop_source(paused, ns).await,
+            Step::StopSource { paused } => self.stop_source(paused).await,
+            Step::ProveStopped => self.prove_stopped().await,
             // Its end comes to the runner, which cuts this wait.
             Step::AwaitClusterctl => std::future::pending().await,
             Step::SignalClusterctl { signal, because } => {
@@ -71,7 +72,7 @@ impl Mover<'_> {
                 self.clusterctl_exited(status, *unheld);
                 Ok(())
             }
-            Step::Lift { warn } => self.lift(*warn, ns).await,
+            Step::Lift { warn, copy } => self.lift(*warn, *copy, ns).await,
             Step::Fail(why) => self.fail(why).await,
             Step::UnpauseTarget(keys) => unpause(self.target, keys, &[], self.out).await,
             Step::UnpauseSource(keys) => self.unpause_source(keys).await,
@@ -352,7 +353,7 @@ impl Mover<'_> {
             (true, None) => "the target's controllers are held; proven stopped once taken, while clusterctl starts and waits".to_string(),
         };
         p.done(self.out, &done);
-        self.target_taken = taken;
+        self.taken = taken;
         Ok(())
     }
 
@@ -360,7 +361,7 @@ impl Mover<'_> {
     /// proven before clusterctl starts.
     async fn prove_target(&mut self) -> Result<()> {
         let p = phase(self.out, "proving the target's controllers stopped");
-        let taken = std::mem::take(&mut self.target_taken);
+        let taken = std::mem::take(&mut self.taken);
         prove(&taken, self.out).await?;
         p.done(self.out, "the target's controllers are stopped");
         Ok(())
@@ -401,19 +402,28 @@ impl Mover<'_> {
 
     /// handoff's block-move off every source Cluster: it must never be copied to the target
     /// or hold the next move. From here on a signal ends handoff (what is left is recorded).
-    async fn lift(&mut self, warn: bool, ns: &str) -> Result<()> {
+    /// `copy`: both clusters are proven stopped, and the lift lets clusterctl copy; one that
+    /// fails keeps clusterctl held until it gives up, and the way out lifts again.
+    async fn lift(&mut self, warn: bool, copy: bool, ns: &str) -> Result<()> {
         match lift_block_move(self.source, self.target, &self.opts.window, ns).await {
             Ok(lifted) if !lifted.is_empty() => {
                 self.out.say(format!(
-                    "source: lifted handoff's {BLOCK_MOVE} from {}",
-                    lifted.join(", ")
+                    "source: lifted handoff's {BLOCK_MOVE} from {}{}",
+                    lifted.join(", "),
+                    match copy {
+                        true => ": clusterctl copies now",
+                        false => "",
+                    }
                 ));
             }
             Ok(_) => {}
             Err(e) if warn => {
-                self.out.warn(format!(
-                    "{e}; run the same command again to lift handoff's {BLOCK_MOVE}"
-                ));
+                self.out.warn(match copy {
+                    true => format!("{e}; clusterctl stays held by handoff's block-move"),
+                    false => {
+                        format!("{e}; run the same command again to lift handoff's {BLOCK_MOVE}")
+                    }
+                });
             }
             Err(e) => return Err(e),
         }

@@ -150,9 +150,13 @@ pub enum Step names StepName {
     /// Wait until clusterctl has paused every source Cluster and nothing but handoff's
     /// block-move holds it; reads only.
     AwaitPause,
-    /// The source's controllers taken, both clusters' proven stopped, `Copying` recorded and
-    /// handoff's block-move lifted: clusterctl copies.
+    /// `Stopping source` recorded (with what clusterctl paused), the source's controllers
+    /// taken: not yet proven.
     StopSource { paused: Vec<String> },
+    /// Both clusters' controllers proven stopped (each former leader's end, or its Lease's
+    /// bound) and serving their webhooks; `Copying` recorded. The block-move still holds
+    /// clusterctl.
+    ProveStopped,
     /// Wait for clusterctl to end.
     AwaitClusterctl,
     /// Pass a signal on to clusterctl (SIGINT or SIGTERM that handoff caught, or SIGTERM where
@@ -163,8 +167,11 @@ pub enum Step names StepName {
     /// handoff's block-move off every source Cluster.
     Lift {
         /// A failure is said, not fatal: the move's way out, which must go on to record what
-        /// happened.
+        /// happened, or the lift that lets clusterctl copy (clusterctl then waits, and fails
+        /// in its own time).
         warn: bool,
+        /// Both clusters proven stopped: the lift that lets clusterctl copy.
+        copy: bool,
     },
     /// Record why clusterctl's part failed, and end with it.
     Fail(Outcome),
@@ -232,14 +239,14 @@ impl Planner for MovePlanner {
         step.name()
     }
 
-    /// The waits, and the source's stop: the block-move still holds clusterctl there, so it
-    /// has copied nothing, and the way out (`Lift`, `Fail`) is right wherever they are cut, as
-    /// after a `kill -9`. Single writes (the record, the lift) run to their end, so that the
-    /// run knows what it wrote.
+    /// The waits, and the source's stop and proof: the block-move still holds clusterctl
+    /// there, so it has copied nothing, and the way out (`Lift`, `Fail`) is right wherever they
+    /// are cut, as after a `kill -9`. Single writes (the record, the lift) run to their end, so
+    /// that the run knows what it wrote.
     fn cuttable(step: &Step) -> bool {
         matches!(
             step,
-            Step::AwaitPause | Step::StopSource { .. } | Step::AwaitClusterctl
+            Step::AwaitPause | Step::StopSource { .. } | Step::ProveStopped | Step::AwaitClusterctl
         )
     }
 
@@ -279,7 +286,9 @@ impl Planner for MovePlanner {
                 reached.ended(Outcome::Stopped(format!("handoff move stopped: {e}")));
                 Verdict::GoOn
             }
-            Observation::Failed(e) if matches!(step, Step::StopSource { .. }) => {
+            Observation::Failed(e)
+                if matches!(step, Step::StopSource { .. } | Step::ProveStopped) =>
+            {
                 reached.source_not_stopped(e.to_string());
                 Verdict::GoOn
             }
@@ -412,7 +421,10 @@ pub fn next(
     match &b.path {
         Path::Move(at) => next_move(asked, b, at, record, seen),
         Path::Clusterctl(span) => next_in_span(b, span),
-        Path::Ended(_) => Step::Lift { warn: true },
+        Path::Ended(_) => Step::Lift {
+            warn: true,
+            copy: false,
+        },
         Path::Failing(why) => Step::Fail(why.clone()),
         Path::Finish(at) => next_restore(b, *at, record, seen),
         Path::Abort(at) => next_abort(b, *at, record, seen),
@@ -484,7 +496,10 @@ const SOURCE_BACK: Step = Step::RestoreSource { wait_leading: true };
 fn next_abort(b: &Begun, at: AbortAt, record: Option<&MoveRecord>, seen: &Observed) -> Step {
     match at {
         AbortAt::Begun if record.is_some() => Step::BeginAbort,
-        AbortAt::Begun | AbortAt::Recorded => Step::Lift { warn: false },
+        AbortAt::Begun | AbortAt::Recorded => Step::Lift {
+            warn: false,
+            copy: false,
+        },
         AbortAt::Lifted => unpause_source(b, record, seen, true).unwrap_or(SOURCE_BACK),
         AbortAt::SourceUnpaused => SOURCE_BACK,
         AbortAt::SourceBack => Step::RestoreTarget,
@@ -588,6 +603,11 @@ fn next_in_span(b: &Begun, span: &Span) -> Step {
         SpanAt::Started => Step::AwaitPause,
         SpanAt::Paused(keys) => Step::StopSource {
             paused: keys.clone(),
+        },
+        SpanAt::SourceTaken => Step::ProveStopped,
+        SpanAt::Proven => Step::Lift {
+            warn: true,
+            copy: true,
         },
         SpanAt::Copying | SpanAt::Signalled => Step::AwaitClusterctl,
         SpanAt::Signalling(signal, because) => Step::SignalClusterctl {

@@ -98,6 +98,10 @@ pub enum SpanAt {
     Started,
     /// clusterctl paused these source Clusters: the source is stopped next.
     Paused(Vec<String>),
+    /// The source's controllers taken: both clusters are proven stopped next.
+    SourceTaken,
+    /// Both proven stopped, `Copying` recorded: handoff's block-move is lifted next.
+    Proven,
     /// Copying: its end awaited.
     Copying,
     /// This signal is to be passed on, for this reason.
@@ -282,7 +286,9 @@ fn span_after(span: &Span, step: &Step, found: Found) -> Path {
         (SpanAt::Started, Step::AwaitPause, Found::SourcePaused(keys)) => {
             span.at = SpanAt::Paused(keys)
         }
-        (SpanAt::Paused(_), Step::StopSource { .. }, _) => {
+        (SpanAt::Paused(_), Step::StopSource { .. }, _) => span.at = SpanAt::SourceTaken,
+        (SpanAt::SourceTaken, Step::ProveStopped, _) => span.at = SpanAt::Proven,
+        (SpanAt::Proven, Step::Lift { copy: true, .. }, _) => {
             span.at = SpanAt::Copying;
             span.copying = true;
         }

@@ -9,6 +9,18 @@ const NS: &str = "clusters";
 /// The checks of a clusterctl whose version says it waits for block-move.
 const CHECK: Step = Step::Check { warn: None };
 
+/// The lift once clusterctl's part is over (or an `--abort`'s, which must go on).
+const LIFT: Step = Step::Lift {
+    warn: true,
+    copy: false,
+};
+
+/// The lift that lets clusterctl copy, both clusters proven stopped.
+const LET_COPY: Step = Step::Lift {
+    warn: true,
+    copy: true,
+};
+
 fn asked(abort: bool) -> Asked {
     Asked {
         window: "move-clusters".into(),
@@ -215,7 +227,7 @@ fn hold() -> Step {
 }
 
 /// clusterctl's run while the source runs: started, the source stopped once it paused
-/// `clusters/a`, its end awaited.
+/// `clusters/a`, both proven, the block-move lifted, its end awaited.
 fn clusterctl_ran(exit: i32) -> Vec<Step> {
     vec![
         Step::StartClusterctl { watch_pause: true },
@@ -223,6 +235,8 @@ fn clusterctl_ran(exit: i32) -> Vec<Step> {
         Step::StopSource {
             paused: vec![format!("{NS}/a")],
         },
+        Step::ProveStopped,
+        LET_COPY,
         Step::AwaitClusterctl,
         Step::ClusterctlExited {
             status: status(exit),
@@ -247,7 +261,7 @@ fn a_new_move_stops_the_target_holds_clusterctl_and_restores_the_target_first() 
         hold(),
     ];
     want.extend(clusterctl_ran(0));
-    want.push(Step::Lift { warn: true });
+    want.push(LIFT);
     want.extend(restore_then_finish());
     assert_eq!(moved(&asked(false), None, &before()), want);
     // A record of a move that ended is no move.
@@ -262,7 +276,7 @@ fn every_way_out_after_the_block_move_lifts_it_then_records_the_failure() {
     let steps = walk(&asked(false), None, &before(), 1, None);
     let mut want = clusterctl_ran(1);
     want.extend([
-        Step::Lift { warn: true },
+        LIFT,
         Step::Fail(Outcome::Exited {
             exit: 1,
             what: "clusterctl move exited with exit code 1".into(),
@@ -276,7 +290,7 @@ fn every_way_out_after_the_block_move_lifts_it_then_records_the_failure() {
         assert_eq!(
             steps[steps.len() - 2..],
             [
-                Step::Lift { warn: true },
+                LIFT,
                 Step::Fail(Outcome::Stopped(format!(
                     "handoff move stopped: {failing:?} failed"
                 )))
@@ -284,35 +298,34 @@ fn every_way_out_after_the_block_move_lifts_it_then_records_the_failure() {
         );
         assert_eq!(steps[steps.len() - 3].name(), failing);
     }
-    // The source could not be stopped: clusterctl is stopped before it copies anything, and
-    // that is the outcome, whatever it exits with.
-    let steps = walk(
-        &asked(false),
-        None,
-        &before(),
-        143,
-        Some(StepName::StopSource),
-    );
-    let from = steps.iter().position(|s| *s == Step::AwaitPause).unwrap();
-    assert_eq!(
-        steps[from + 2..],
-        [
-            Step::SignalClusterctl {
-                signal: libc::SIGTERM,
-                because: Because::Stopped("StopSource failed".into()),
-            },
-            Step::AwaitClusterctl,
-            Step::ClusterctlExited {
-                status: status(143),
-                unheld: false,
-            },
-            Step::Lift { warn: true },
-            Step::Fail(Outcome::Stopped(
-                "handoff move stopped: StopSource failed".into()
-            )),
-        ]
-    );
-    assert!(!steps.contains(&Step::Copied), "{steps:?}");
+    // The source could not be stopped, or not proven stopped: clusterctl is stopped before
+    // it copies anything (the block-move is never lifted for it), and that is the outcome,
+    // whatever it exits with.
+    for (failing, at) in [(StepName::StopSource, 2), (StepName::ProveStopped, 3)] {
+        let steps = walk(&asked(false), None, &before(), 143, Some(failing));
+        let from = steps.iter().position(|s| *s == Step::AwaitPause).unwrap();
+        assert_eq!(steps[from + at - 1].name(), failing, "{steps:?}");
+        assert_eq!(
+            steps[from + at..],
+            [
+                Step::SignalClusterctl {
+                    signal: libc::SIGTERM,
+                    because: Because::Stopped(format!("{failing:?} failed")),
+                },
+                Step::AwaitClusterctl,
+                Step::ClusterctlExited {
+                    status: status(143),
+                    unheld: false,
+                },
+                LIFT,
+                Step::Fail(Outcome::Stopped(format!(
+                    "handoff move stopped: {failing:?} failed"
+                ))),
+            ]
+        );
+        assert!(!steps.contains(&LET_COPY), "{steps:?}");
+        assert!(!steps.contains(&Step::Copied), "{steps:?}");
+    }
 }
 
 #[test]
@@ -441,7 +454,7 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
             status: status(0),
             unheld: false,
         },
-        Step::Lift { warn: true },
+        LIFT,
     ];
     want.extend(restore_then_finish());
     assert_eq!(moved(&asked(false), Some(&r), &deleting), want);
@@ -501,7 +514,10 @@ fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
             v.push(Step::BeginAbort);
         }
         v.extend([
-            Step::Lift { warn: false },
+            Step::Lift {
+                warn: false,
+                copy: false,
+            },
             Step::RestoreSource { wait_leading: true },
             Step::RestoreTarget,
             Step::Aborted { recorded },
@@ -1084,16 +1100,20 @@ fn a_signal_before_clusterctl_starts_stops_the_move_and_during_its_run_goes_to_c
     assert_eq!(
         after(&steps, StepName::Hold),
         [
-            Step::Lift { warn: true },
+            LIFT,
             Step::Fail(Outcome::Stopped(
                 "handoff move stopped: source: interrupted (signal 2) before clusterctl started"
                     .into()
             ))
         ]
     );
-    // While clusterctl waits on the pause, or while the source is stopped: passed on at once,
-    // and the way out after clusterctl's end.
-    for cut in [StepName::AwaitPause, StepName::StopSource] {
+    // While clusterctl waits on the pause, or while the source is stopped or proven: passed
+    // on at once (it copies nothing yet), and the way out after clusterctl's end.
+    for cut in [
+        StepName::AwaitPause,
+        StepName::StopSource,
+        StepName::ProveStopped,
+    ] {
         let steps = driven(
             |s| match (s.name() == cut, s) {
                 (true, _) => Some(Observation::Cut(Interrupt::Signal(libc::SIGINT))),
@@ -1116,7 +1136,7 @@ fn a_signal_before_clusterctl_starts_stops_the_move_and_during_its_run_goes_to_c
                     status: status(130),
                     unheld: false,
                 },
-                Step::Lift { warn: true },
+                LIFT,
                 Step::Fail(Outcome::Exited {
                     exit: 130,
                     what: "clusterctl move exited with exit code 130 (handoff was interrupted and passed the signal on)".into(),
@@ -1129,27 +1149,27 @@ fn a_signal_before_clusterctl_starts_stops_the_move_and_during_its_run_goes_to_c
 
 #[test]
 fn clusterctl_ending_while_the_source_is_stopped_is_acted_on_at_once() {
-    let steps = driven(
-        |s| {
-            matches!(s, Step::StopSource { .. })
-                .then_some(Observation::Cut(Interrupt::Exited(status(1))))
-        },
-        |_| None,
-    );
-    assert_eq!(
-        after(&steps, StepName::StopSource),
-        [
-            Step::ClusterctlExited {
-                status: status(1),
-                unheld: false,
-            },
-            Step::Lift { warn: true },
-            Step::Fail(Outcome::Exited {
-                exit: 1,
-                what: "clusterctl move exited with exit code 1".into(),
-            }),
-        ]
-    );
+    for cut in [StepName::StopSource, StepName::ProveStopped] {
+        let steps = driven(
+            |s| (s.name() == cut).then_some(Observation::Cut(Interrupt::Exited(status(1)))),
+            |_| None,
+        );
+        assert_eq!(
+            after(&steps, cut),
+            [
+                Step::ClusterctlExited {
+                    status: status(1),
+                    unheld: false,
+                },
+                LIFT,
+                Step::Fail(Outcome::Exited {
+                    exit: 1,
+                    what: "clusterctl move exited with exit code 1".into(),
+                }),
+            ],
+            "{cut:?}"
+        );
+    }
     // Exiting 0 before handoff let it copy: it did not wait for the block-move; said, and
     // the move goes on to the restore.
     let steps = driven(
@@ -1163,7 +1183,7 @@ fn clusterctl_ending_while_the_source_is_stopped_is_acted_on_at_once() {
                 status: status(0),
                 unheld: true,
             },
-            Step::Lift { warn: true },
+            LIFT,
             Step::Copied,
         ]
     );
@@ -1229,6 +1249,7 @@ fn signals_are_held_from_the_checks_go_to_clusterctl_while_it_runs_then_end_hand
         [
             StepName::AwaitClusterctl,
             StepName::AwaitPause,
+            StepName::ProveStopped,
             StepName::StopSource
         ]
     );
