@@ -159,7 +159,6 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
 
     async fn perform(&mut self, step: &DirStep, _: &DirRead) -> Result<Found> {
         let (c, o) = (self.c, self.o);
-        let backup = self.ns.is_some();
         match step {
             DirStep::Check => check(std::slice::from_ref(c), &o.open, self.out).await?,
             DirStep::Record { clusters } => self.record(clusters).await?,
@@ -168,9 +167,9 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
                 let ns = self.ns.as_deref().unwrap_or_default();
                 wait_unblocked(c, o, ns, self.out).await?
             }
-            DirStep::Stop => {
+            DirStep::Stop { copying } => {
                 open(std::slice::from_ref(c), &self.quiet, self.out).await?;
-                if backup {
+                if *copying {
                     note(c, &o.window, |m| {
                         m.phase = MovePhase::Copying;
                         m.source_stopped_at.get_or_insert_with(now);
@@ -179,8 +178,8 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
                 }
             }
             DirStep::Unpause { clusters } => self.set_paused(clusters, false).await?,
-            DirStep::RunClusterctl => {
-                if !backup {
+            DirStep::RunClusterctl { copying } => {
+                if *copying {
                     note(c, &o.window, |m| {
                         m.phase = MovePhase::Copying;
                         m.target_stopped_at.get_or_insert_with(now);

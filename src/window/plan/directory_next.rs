@@ -27,12 +27,15 @@ pub enum DirStep names DirectoryStep {
     Pause { clusters: Vec<String> },
     /// A backup: until nothing of the namespace carries a provider's block-move.
     WaitUnblocked,
-    /// The cluster's controllers stopped and proven stopped.
-    Stop,
+    /// The cluster's controllers stopped and proven stopped; a backup's records `Copying` and
+    /// when its source was stopped after (`copying`).
+    Stop { copying: bool },
     /// A backup: what it paused unpaused, so that the backup holds the Clusters as they ran.
     Unpause { clusters: Vec<String> },
-    /// clusterctl's backup (`--to-directory`) or restore (`--from-directory`).
-    RunClusterctl,
+    /// clusterctl's backup (`--to-directory`) or restore (`--from-directory`); a restore's
+    /// records `Copying` and when its target was stopped first (`copying`), its last error
+    /// cleared.
+    RunClusterctl { copying: bool },
     /// A backup: the controllers back and what it paused unpaused; on a re-run or an
     /// `--abort`, what an earlier run left.
     PutBack {
@@ -147,10 +150,10 @@ impl DirectoryPlanner {
     /// end: a backup's from its pause on, and clusterctl's.
     fn recorded_failure(&self, step: &DirStep) -> bool {
         match step {
-            DirStep::RunClusterctl => true,
+            DirStep::RunClusterctl { .. } => true,
             DirStep::Pause { .. }
             | DirStep::WaitUnblocked
-            | DirStep::Stop
+            | DirStep::Stop { .. }
             | DirStep::Unpause { .. } => self.backup(),
             _ => false,
         }
@@ -189,7 +192,7 @@ impl Planner for DirectoryPlanner {
                 // A restore whose controllers a run before this one stopped: clusterctl again.
                 Then::Run {
                     stopped_already: true,
-                } => DirStep::RunClusterctl,
+                } => DirStep::RunClusterctl { copying: !backup },
                 Then::Run { .. } => DirStep::Check,
             },
             DirAt::Checked => DirStep::Record {
@@ -198,13 +201,13 @@ impl Planner for DirectoryPlanner {
             DirAt::Recorded if backup => DirStep::Pause {
                 clusters: self.clusters.clone(),
             },
-            DirAt::Recorded => DirStep::Stop,
+            DirAt::Recorded => DirStep::Stop { copying: false },
             DirAt::Paused => DirStep::WaitUnblocked,
-            DirAt::Unblocked => DirStep::Stop,
+            DirAt::Unblocked => DirStep::Stop { copying: true },
             DirAt::Stopped if backup => DirStep::Unpause {
                 clusters: self.clusters.clone(),
             },
-            DirAt::Stopped | DirAt::Unpaused => DirStep::RunClusterctl,
+            DirAt::Stopped | DirAt::Unpaused => DirStep::RunClusterctl { copying: !backup },
             // clusterctl unpauses at its end; a run that stopped before may have left them
             // paused.
             DirAt::Ran if backup => DirStep::PutBack {
@@ -254,9 +257,9 @@ impl Planner for DirectoryPlanner {
             DirStep::Record { .. } => DirAt::Recorded,
             DirStep::Pause { .. } => DirAt::Paused,
             DirStep::WaitUnblocked => DirAt::Unblocked,
-            DirStep::Stop => DirAt::Stopped,
+            DirStep::Stop { .. } => DirAt::Stopped,
             DirStep::Unpause { .. } => DirAt::Unpaused,
-            DirStep::RunClusterctl => {
+            DirStep::RunClusterctl { .. } => {
                 if let Found::Exited { status, what } = found
                     && status.code != Some(0)
                 {

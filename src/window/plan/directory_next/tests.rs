@@ -72,7 +72,7 @@ fn walk(
         steps.push(step.name().as_str());
         let o = match &step {
             _ if failing == Some(step.name()) => Observation::Failed(&"it failed"),
-            DirStep::RunClusterctl => Observation::Done(exited(code)),
+            DirStep::RunClusterctl { .. } => Observation::Done(exited(code)),
             _ => Observation::Done(Found::Nothing),
         };
         if p.observe(&mut r, &step, o) == Verdict::End {
@@ -247,4 +247,45 @@ fn a_restore_keeps_its_controllers_stopped_where_clusterctl_failed_and_a_rerun_r
     let (steps, ended, _) = walk(&planner(false, abort, true), 0, None, &[]);
     assert_eq!(steps, ["PutBack", "Aborted", "Uninstall"]);
     assert_eq!(ended, Ended::Aborted);
+}
+
+#[test]
+fn copying_is_recorded_by_a_backups_stop_and_by_a_restores_clusterctl() {
+    let copying_at = |backup: bool, start: Start| {
+        let p = planner(backup, start, false);
+        let mut r = DirReached::default();
+        let mut said = Vec::new();
+        while said.len() < 12 {
+            let step = p.next(&DirRead::default(), &r);
+            match &step {
+                DirStep::Stop { copying } => said.push(("Stop", *copying)),
+                DirStep::RunClusterctl { copying } => {
+                    said.push(("RunClusterctl", *copying));
+                    return said;
+                }
+                _ => {}
+            }
+            assert_eq!(
+                p.observe(&mut r, &step, Observation::Done(Found::Nothing)),
+                Verdict::GoOn
+            );
+        }
+        panic!("no clusterctl in {said:?}");
+    };
+    assert_eq!(
+        copying_at(true, run()),
+        [("Stop", true), ("RunClusterctl", false)]
+    );
+    assert_eq!(
+        copying_at(false, run()),
+        [("Stop", false), ("RunClusterctl", true)]
+    );
+    // A restore's re-run after its controllers were stopped: clusterctl again, recorded again.
+    let again = Start {
+        then: Then::Run {
+            stopped_already: true,
+        },
+        ..run()
+    };
+    assert_eq!(copying_at(false, again), [("RunClusterctl", true)]);
 }
