@@ -108,13 +108,13 @@ impl Performer<ClosePlanner> for CloseRunner<'_, '_> {
         let (k, out) = (&mut self.k, &mut *self.out);
         let (clusters, opts) = (k.clusters, k.opts);
         match step {
-            CloseStep::Refuse { cluster, message } => {
-                return Err(WindowError::Refused {
+            CloseStep::Refuse { cluster, why } => {
+                return Err(WindowError::WindowRefused {
                     cluster: match cluster {
                         Some(i) => clusters[*i].label.into(),
                         None => labels(clusters),
                     },
-                    message: message.clone(),
+                    why: why.clone(),
                 });
             }
             CloseStep::MarkClosed {

@@ -221,6 +221,12 @@ pub enum WindowError {
         cluster: Label,
         why: crate::window::plan::move_plan::Refusal,
     },
+    /// A `window open` or `window close` its planner refused, as it said.
+    #[error("{cluster}: {why}")]
+    WindowRefused {
+        cluster: On,
+        why: crate::window::plan::window_next::WindowRefusal,
+    },
     /// Where a command needs SIGINT and SIGTERM caught (from a move's checks until clusterctl
     /// is done) and cannot, it writes nothing more.
     #[error("handoff: {0}")]

@@ -96,9 +96,9 @@ impl Performer<OpenPlanner> for OpenRun<'_, '_> {
     async fn perform(&mut self, step: &OpenStep, _: &()) -> Result<()> {
         let (o, out) = (&mut self.o, &mut *self.out);
         match step {
-            OpenStep::Refuse { cluster, message } => Err(WindowError::Refused {
+            OpenStep::Refuse { cluster, why } => Err(WindowError::WindowRefused {
                 cluster: o.clusters[*cluster].label.into(),
-                message: message.clone(),
+                why: why.clone(),
             }),
             OpenStep::Check => o.check(out).await,
             OpenStep::Record { cluster, fresh } => o.record(*cluster, *fresh, out).await,

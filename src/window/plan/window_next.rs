@@ -36,7 +36,7 @@ steps! {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OpenStep names OpenStepName {
     /// Stop, writing nothing, and say which cluster refused and why.
-    Refuse { cluster: usize, message: String },
+    Refuse { cluster: usize, why: WindowRefusal },
     /// Choose how each selected Deployment is stopped, the preflight, and who takes the
     /// Leases, on every cluster; nothing written.
     Check,
@@ -64,7 +64,7 @@ pub enum CloseStep names CloseStepName {
     /// Stop, writing nothing, and say which cluster refused (or that all did) and why.
     Refuse {
         cluster: Option<usize>,
-        message: String,
+        why: WindowRefusal,
     },
     /// The window set Closed and unbound.
     MarkClosed {
@@ -93,14 +93,20 @@ pub struct CloseRun {
     pub nothing_here: Vec<usize>,
 }
 
+/// Why `window open` or `window close` refuses: kept typed to the command line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WindowRefusal {
+    #[error(transparent)]
+    Unknown(#[from] UnknownPhase),
+    #[error("there is no MoveWindow {0}: nothing to close")]
+    Nowhere(String),
+}
+
 /// A phase written by a version this one does not know: acting on it could undo what that
 /// version relies on, so nothing is written. The cluster and why.
-fn unknown(window: &str, seen: &[Seen]) -> Option<(usize, String)> {
+fn unknown(window: &str, seen: &[Seen]) -> Option<(usize, WindowRefusal)> {
     seen.iter().enumerate().find_map(|(i, s)| match s {
-        Seen::At(Some(p)) => p
-            .known(window)
-            .err()
-            .map(|e: UnknownPhase| (i, e.to_string())),
+        Seen::At(Some(p)) => p.known(window).err().map(|e| (i, e.into())),
         _ => None,
     })
 }
@@ -110,8 +116,8 @@ fn unknown(window: &str, seen: &[Seen]) -> Option<(usize, String)> {
 /// Deployment is stopped anywhere, so a cluster that fails on the way leaves no controller
 /// stopped without a window to close; the proof waits for every cluster at once.
 pub fn next_open(prove: bool, window: &str, seen: &[Seen], performed: &[OpenStep]) -> OpenStep {
-    if let Some((cluster, message)) = unknown(window, seen) {
-        return OpenStep::Refuse { cluster, message };
+    if let Some((cluster, why)) = unknown(window, seen) {
+        return OpenStep::Refuse { cluster, why };
     }
     let did = |step: &OpenStep| performed.contains(step);
     if !did(&OpenStep::Check) {
@@ -138,10 +144,10 @@ pub fn next_open(prove: bool, window: &str, seen: &[Seen], performed: &[OpenStep
 /// the next (a move's restore puts the target first): its Scale-stopped controllers back
 /// before its Leases are released, since a leader may need the others' webhooks.
 pub fn next_close(window: &str, seen: &[Seen], run: &CloseRun) -> CloseStep {
-    if let Some((cluster, message)) = unknown(window, seen) {
+    if let Some((cluster, why)) = unknown(window, seen) {
         return CloseStep::Refuse {
             cluster: Some(cluster),
-            message,
+            why,
         };
     }
     for (i, s) in seen.iter().enumerate() {
@@ -166,7 +172,7 @@ pub fn next_close(window: &str, seen: &[Seen], run: &CloseRun) -> CloseStep {
     if !seen.is_empty() && run.nothing_here.len() == seen.len() {
         return CloseStep::Refuse {
             cluster: None,
-            message: format!("there is no MoveWindow {window}: nothing to close"),
+            why: WindowRefusal::Nowhere(window.to_string()),
         };
     }
     CloseStep::Done

@@ -107,7 +107,7 @@ fn a_phase_this_version_does_not_know_is_refused_before_anything_is_written() {
     };
     for prove in [false, true] {
         match open(prove, &seen).as_slice() {
-            [OpenStep::Refuse { cluster, message }] => check(*cluster, message),
+            [OpenStep::Refuse { cluster, why }] => check(*cluster, &why.to_string()),
             steps => panic!("{steps:?}"),
         }
     }
@@ -115,9 +115,9 @@ fn a_phase_this_version_does_not_know_is_refused_before_anything_is_written() {
         [
             CloseStep::Refuse {
                 cluster: Some(cluster),
-                message,
+                why,
             },
-        ] => check(*cluster, message),
+        ] => check(*cluster, &why.to_string()),
         steps => panic!("{steps:?}"),
     }
 }
@@ -189,7 +189,7 @@ fn a_window_deleted_unclosed_has_its_leases_released_and_one_that_is_nowhere_is_
         close(&[Seen::Absent, Seen::Absent], &[0, 1]).last(),
         Some(&CloseStep::Refuse {
             cluster: None,
-            message: format!("there is no MoveWindow {W}: nothing to close"),
+            why: WindowRefusal::Nowhere(W.into()),
         })
     );
 }
