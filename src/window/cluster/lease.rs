@@ -115,10 +115,11 @@ pub async fn take(
                     ..HeldLease::default()
                 });
             }
-            TakePlan::Refuse(message) => {
-                return Err(WindowError::Refused {
+            TakePlan::Refuse(why) => {
+                return Err(WindowError::StopRefused {
                     cluster: c.label.into(),
-                    message,
+                    deployment: None,
+                    why: Box::new(why),
                 });
             }
             TakePlan::Take {

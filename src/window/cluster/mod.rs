@@ -221,6 +221,21 @@ pub enum WindowError {
         cluster: Label,
         why: crate::window::plan::move_plan::Refusal,
     },
+    /// A Deployment, or its Lease, a window may not stop, write or release, as `plan::stop`
+    /// said.
+    #[error("{cluster}: {}{why}", .deployment.as_ref().map(|d| format!("{d}: ")).unwrap_or_default())]
+    StopRefused {
+        cluster: On,
+        /// The Deployment it is about, where `why` does not name it.
+        deployment: Option<String>,
+        why: Box<crate::window::plan::stop::StopRefusal>,
+    },
+    /// A backup its planner refused, as it said.
+    #[error("{cluster}: {why}")]
+    DirectoryRefused {
+        cluster: Label,
+        why: crate::window::plan::directory_plan::DirectoryRefusal,
+    },
     /// A `window open` or `window close` its planner refused, as it said.
     #[error("{cluster}: {why}")]
     WindowRefused {

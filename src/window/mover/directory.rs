@@ -113,9 +113,9 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
     };
     let reached = runner::run(&planner, &mut x, Publish::Top(&o.step_label)).await?;
     match reached.ended {
-        Ended::Refused(message) => Err(WindowError::Refused {
-            cluster: c.label.into(),
-            message,
+        Ended::Refused(why) => Err(WindowError::DirectoryRefused {
+            cluster: c.label,
+            why,
         }),
         // handoff exits with clusterctl's code, as a move does.
         Ended::Failed(Failure {

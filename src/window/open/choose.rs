@@ -76,10 +76,11 @@ pub async fn choose(
         let leases = &by_ns[&ns];
         let what = format!("{ns}/{name}");
         let stop = match stop::choose_stop(policy, &what, rec, &claims) {
-            StopChoice::Refuse(message) => {
-                return Err(WindowError::Refused {
+            StopChoice::Refuse(why) => {
+                return Err(WindowError::StopRefused {
                     cluster: c.label.into(),
-                    message,
+                    deployment: None,
+                    why: Box::new(why),
                 });
             }
             StopChoice::Scale => Stop::Scale(stop::pin_plan(&d)),

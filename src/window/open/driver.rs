@@ -194,13 +194,14 @@ async fn operators(
             let Stop::Lease(leases) = &ch.plan else {
                 continue;
             };
-            if let Some(message) = leases
+            if let Some(why) = leases
                 .iter()
                 .find_map(|l| stop::held_for_another(l, &opts.name, &me))
             {
-                return Err(WindowError::Refused {
+                return Err(WindowError::StopRefused {
                     cluster: c.label.into(),
-                    message: format!("{}: {message}", ch.what()),
+                    deployment: Some(ch.what()),
+                    why: Box::new(why),
                 });
             }
         }

@@ -6,7 +6,7 @@
 
 use crate::resources::phase::MovePhase;
 use crate::window::plan::declare::{Of, steps};
-use crate::window::plan::directory_plan::{Direction, Start, Then};
+use crate::window::plan::directory_plan::{Direction, DirectoryRefusal, Start, Then};
 use crate::window::plan::move_next::Seen;
 use crate::window::plan::move_plan::{self, ClusterSeen};
 use crate::window::plan::planner::{ExitStatus, Observation, Planner, Verdict};
@@ -50,7 +50,7 @@ pub enum DirStep names DirectoryStep {
     /// Record why clusterctl failed, and end with it.
     Fail(Failure),
     /// Stop, writing nothing more, and say why.
-    Refuse(String),
+    Refuse(DirectoryRefusal),
     /// An `--abort`: the run recorded undone.
     Aborted { recorded: bool },
     /// Remove what the window brought along where nothing of handoff was installed.
@@ -85,7 +85,7 @@ pub enum Ended {
     No,
     Done,
     Aborted,
-    Refused(String),
+    Refused(DirectoryRefusal),
     Failed(Failure),
 }
 

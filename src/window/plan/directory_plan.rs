@@ -102,7 +102,22 @@ pub enum Then {
     /// `--abort`: the controllers are back; nothing more.
     Aborted,
     /// Nothing started: why.
-    Refuse(String),
+    Refuse(DirectoryRefusal),
+}
+
+/// Why a backup does not start: kept typed to the command line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DirectoryRefusal {
+    /// These Clusters (`namespace/name`) are paused, and not by this window.
+    #[error(
+        "Cluster {} in namespace {namespace} is paused, and not by MoveWindow {window}: clusterctl backs up no paused Cluster (checkClustersNotPaused); unpause it, or back up once whoever paused it is done",
+        .clusters.join(", ")
+    )]
+    PausedByOthers {
+        clusters: Vec<String>,
+        namespace: String,
+        window: String,
+    },
 }
 
 /// The start of a run. `open`: the window is open; `record`: what it recorded; `clusters`:
@@ -141,10 +156,11 @@ pub fn start(
                 true => Then::Run {
                     stopped_already: false,
                 },
-                false => Then::Refuse(format!(
-                    "Cluster {} in namespace {namespace} is paused, and not by MoveWindow {window}: clusterctl backs up no paused Cluster (checkClustersNotPaused); unpause it, or back up once whoever paused it is done",
-                    theirs.join(", ")
-                )),
+                false => Then::Refuse(DirectoryRefusal::PausedByOthers {
+                    clusters: theirs.iter().map(|k| k.to_string()).collect(),
+                    namespace: namespace.clone(),
+                    window: window.to_string(),
+                }),
             };
             // A backup stops its controllers afresh (they must run while the providers lift
             // their block-move), and one that does not go on keeps nothing stopped.
@@ -321,7 +337,9 @@ mod tests {
             "nothing kept stopped for a backup that does not go on"
         );
         match s.then {
-            Then::Refuse(m) => assert!(m.contains("ns1/theirs") && !m.contains("ns1/a,"), "{m}"),
+            Then::Refuse(DirectoryRefusal::PausedByOthers { clusters, .. }) => {
+                assert_eq!(clusters, ["ns1/theirs"])
+            }
             t => panic!("{t:?}"),
         }
         // Not recorded: never unpaused, even on --abort.

@@ -234,7 +234,35 @@ pub enum StopChoice {
     /// Hold these Leases (by name).
     Lease(Vec<String>),
     Scale,
-    Refuse(String),
+    Refuse(StopRefusal),
+}
+
+/// Why a window may not stop a Deployment or take, write or release its Lease: kept typed to
+/// the command line, which says it once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StopRefusal {
+    #[error(
+        "{deployment}: its Lease {lease} is held by MoveWindow {window:?}; close that window first, or stop this Deployment with it"
+    )]
+    LeaseInOtherWindow {
+        deployment: String,
+        lease: String,
+        window: String,
+    },
+    #[error(
+        "{0}: no Lease in its namespace is held, or was last held, by one of its pods (holder <deployment>-<hash>-<suffix>_<id>), so it cannot be stopped by Lease; open with --stop auto or --stop scale"
+    )]
+    NoLease(String),
+    #[error("Lease {lease} is held by MoveWindow {window:?}")]
+    TakenByOther { lease: String, window: String },
+    #[error(
+        "Lease {lease} is held by MoveWindow {window:?} for its operator {operator:?}, and only that user may write it: run this command as {operator:?}"
+    )]
+    ForAnotherOperator {
+        lease: String,
+        window: String,
+        operator: String,
+    },
 }
 
 /// A Deployment already recorded keeps the strategy it was stopped with (a re-run finishes
@@ -250,10 +278,11 @@ pub fn choose_stop(
         Claim::HeldElsewhere(l, w) => Some((l, w)),
         _ => None,
     }) {
-        return StopChoice::Refuse(format!(
-            "{what}: its Lease {} is held by MoveWindow {w:?}; close that window first, or stop this Deployment with it",
-            l.name
-        ));
+        return StopChoice::Refuse(StopRefusal::LeaseInOtherWindow {
+            deployment: what.to_string(),
+            lease: l.name.clone(),
+            window: w.clone(),
+        });
     }
     let names = |extra: &[String]| {
         let mut n: Vec<String> = extra
@@ -276,26 +305,23 @@ pub fn choose_stop(
     match (policy, claims.is_empty()) {
         (StopPolicy::Scale, _) => StopChoice::Scale,
         (StopPolicy::Auto, true) => StopChoice::Scale,
-        (StopPolicy::Lease, true) => StopChoice::Refuse(format!(
-            "{what}: no Lease in its namespace is held, or was last held, by one of its pods (holder <deployment>-<hash>-<suffix>_<id>), so it cannot be stopped by Lease; open with --stop auto or --stop scale"
-        )),
+        (StopPolicy::Lease, true) => StopChoice::Refuse(StopRefusal::NoLease(what.to_string())),
         (_, false) => StopChoice::Lease(names(&[])),
     }
 }
 
 /// A Lease this window holds for another operator: writing it again (a re-run) or releasing it
 /// would be refused by the guard halfway, so the run is refused before it writes anything.
-pub fn held_for_another(l: &LeaseSeen, window: &str, me: &str) -> Option<String> {
+pub fn held_for_another(l: &LeaseSeen, window: &str, me: &str) -> Option<StopRefusal> {
     // Taken back, its label still names the window, and the guard still reads it.
     if l.window() != Some(window) && l.held_by.as_deref() != Some(window) {
         return None;
     }
     let op = l.operator.as_deref().unwrap_or("");
-    (op != me).then(|| {
-        format!(
-            "Lease {} is held by MoveWindow {window:?} for its operator {op:?}, and only that user may write it: run this command as {op:?}",
-            l.name
-        )
+    (op != me).then(|| StopRefusal::ForAnotherOperator {
+        lease: l.name.clone(),
+        window: window.to_string(),
+        operator: op.to_string(),
     })
 }
 
@@ -315,7 +341,7 @@ pub enum TakePlan {
         former_holder: String,
         former_duration: i32,
     },
-    Refuse(String),
+    Refuse(StopRefusal),
 }
 
 /// The take-over: the window's holder identity, a duration nobody sees expire, a transition
@@ -331,7 +357,10 @@ pub fn take_plan(l: &LeaseSeen, window: &str, operator: &str, now: Timestamp) ->
             };
         }
         Some(w) => {
-            return TakePlan::Refuse(format!("Lease {} is held by MoveWindow {w:?}", l.name));
+            return TakePlan::Refuse(StopRefusal::TakenByOther {
+                lease: l.name.clone(),
+                window: w.to_string(),
+            });
         }
         None => {}
     }
@@ -613,7 +642,7 @@ mod tests {
         );
         assert!(matches!(
             choose_stop(StopPolicy::Lease, CAPI, None, &[]),
-            StopChoice::Refuse(m) if m.contains("--stop")
+            StopChoice::Refuse(m) if m.to_string().contains("--stop")
         ));
         // A re-run keeps what the first run recorded.
         let scaled = PinnedDeployment {
@@ -651,7 +680,7 @@ mod tests {
         l.held_by = Some("other".into());
         assert!(matches!(
             choose_stop(StopPolicy::Auto, CAPI, None, &[Claim::HeldElsewhere(l, "other".into())]),
-            StopChoice::Refuse(m) if m.contains("\"other\"")
+            StopChoice::Refuse(m) if m.to_string().contains("\"other\"")
         ));
     }
 
@@ -718,7 +747,10 @@ mod tests {
         held.held_by = Some("move".into());
         held.operator = Some("alice".into());
         assert_eq!(held_for_another(&held, "move", "alice"), None);
-        assert!(held_for_another(&held, "move", "bob").is_some_and(|m| m.contains("\"alice\"")));
+        assert!(
+            held_for_another(&held, "move", "bob")
+                .is_some_and(|m| m.to_string().contains("\"alice\""))
+        );
         assert_eq!(held_for_another(&held, "other", "bob"), None);
         let free = lease("l", "capi-controller-manager-7d9f8b6c4-x2k4j_u1");
         assert_eq!(held_for_another(&free, "move", "bob"), None);
