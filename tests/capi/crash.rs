@@ -958,7 +958,7 @@ fn handoff_move_killed_at_each_crash_point_is_finished_or_undone() {
 }
 
 /// The other half of the run's cases, at the same time on clusters of its own (a case costs
-/// 80 to 110 s: a run's thirteen on one pair of clusters would take 20 minutes), then an API
+/// 80 to 110 s: a run's fourteen on one pair of clusters would take 20 minutes), then an API
 /// server restarted mid-copy, pods lost in a window and handoff down in one.
 #[test]
 #[cfg_attr(
