@@ -138,10 +138,10 @@ impl Mover<'_> {
             m.paused_by_clusterctl = paused.to_vec();
         })
         .await?;
-        self.source_stop = Some(phase(
+        let p = phase(
             self.out,
             "clusterctl paused the source and the providers lifted their block-move: stopping the source's controllers",
-        ));
+        );
         let source_taken = take(std::slice::from_ref(source), &self.source_opts, self.out).await?;
         let first = first_taken(&source_taken);
         note(target, window, |m| {
@@ -149,6 +149,7 @@ impl Mover<'_> {
         })
         .await?;
         self.taken.extend(source_taken);
+        p.done(self.out, "the source's controllers are taken");
         Ok(())
     }
 
@@ -158,13 +159,12 @@ impl Mover<'_> {
     /// (`ProveStopped`).
     pub(super) async fn prove_stopped(&mut self) -> Result<()> {
         let taken = std::mem::take(&mut self.taken);
+        let p = phase(self.out, "proving both clusters' controllers stopped");
         prove(&taken, self.out).await?;
-        if let Some(p) = self.source_stop.take() {
-            p.done(
-                self.out,
-                "both clusters' controllers are proven stopped, and serve their webhooks",
-            );
-        }
+        p.done(
+            self.out,
+            "both clusters' controllers are proven stopped, and serve their webhooks",
+        );
         note(self.target, &self.opts.window, |m| {
             m.phase = MovePhase::Copying
         })

@@ -162,7 +162,7 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
         match step {
             DirStep::Check => check(std::slice::from_ref(c), &o.open, self.out).await?,
             DirStep::Record { clusters } => self.record(clusters).await?,
-            DirStep::Pause { clusters } => self.set_paused(clusters, true).await?,
+            DirStep::Pause { clusters } => self.pause_all(clusters, true).await?,
             DirStep::WaitUnblocked => {
                 let ns = self.ns.as_deref().unwrap_or_default();
                 wait_unblocked(c, o, ns, self.out).await?
@@ -177,7 +177,7 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
                     .await?;
                 }
             }
-            DirStep::Unpause { clusters } => self.set_paused(clusters, false).await?,
+            DirStep::Unpause { clusters } => self.pause_all(clusters, false).await?,
             DirStep::RunClusterctl { copying } => {
                 if *copying {
                     note(c, &o.window, |m| {
@@ -217,7 +217,7 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
 impl DirectoryRun<'_, '_> {
     /// Pause the Clusters (so that the providers finish and lift their block-move) or unpause
     /// them again (clusterctl refuses a paused Cluster, and pauses it itself).
-    async fn set_paused(&mut self, clusters: &[String], paused: bool) -> Result<()> {
+    async fn pause_all(&mut self, clusters: &[String], paused: bool) -> Result<()> {
         let c = self.c;
         for key in clusters {
             set_paused(c, key, paused).await?;

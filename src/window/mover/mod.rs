@@ -157,8 +157,6 @@ struct Mover<'a> {
     /// The controllers taken and not yet proven: the target's, then the source's
     /// (`ProveStopped` proves them together).
     taken: Vec<Taken>,
-    /// The timed line the source's stop opened, ended by the proof.
-    source_stop: Option<Phase>,
     restored: Vec<Restored>,
     started: Instant,
     out: &'a mut Progress,
@@ -291,7 +289,6 @@ pub async fn run(
         pauses: None,
         waited: Default::default(),
         taken: Vec::new(),
-        source_stop: None,
         restored: Vec::new(),
         started: Instant::now(),
         out,

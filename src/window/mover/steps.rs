@@ -15,8 +15,8 @@ use crate::resources::phase::MovePhase;
 use crate::window::close::{close, say_removed};
 use crate::window::cluster::{Result, WindowError, now};
 use crate::window::open::{Taken, check, first_taken, open, prove, ready_standbys, take};
-use crate::window::plan::move_next::{Begun, Found, Observed, Outcome, Step, Unpause};
-use crate::window::plan::move_plan::{self, BLOCK_MOVE, BlockMoveOn, Holds, Start};
+use crate::window::plan::move_next::{Begun, Found, Lifting, Observed, Outcome, Step};
+use crate::window::plan::move_plan::{self, BLOCK_MOVE, BlockMoveOn, Holds, Paused, Start};
 
 impl Mover<'_> {
     /// Perform `step` on namespace `ns` (`Reads::namespace`); clusterctl's outcome, where it
@@ -72,7 +72,7 @@ impl Mover<'_> {
                 self.clusterctl_exited(status, *unheld);
                 Ok(())
             }
-            Step::Lift { warn, copy } => self.lift(*warn, *copy, ns).await,
+            Step::Lift(why) => self.lift(*why, ns).await,
             Step::Fail(why) => self.fail(why).await,
             Step::UnpauseTarget(keys) => unpause(self.target, keys, &[], self.out).await,
             Step::UnpauseSource(keys) => self.unpause_source(keys).await,
@@ -200,7 +200,7 @@ impl Mover<'_> {
         &mut self,
         r: &MoveRecord,
         close_window: bool,
-        paused: &Unpause,
+        paused: &Paused,
     ) -> Result<()> {
         let window = &self.opts.window;
         let p = phase(
@@ -232,7 +232,7 @@ impl Mover<'_> {
         &mut self,
         r: &MoveRecord,
         ns: &str,
-        paused: &Unpause,
+        paused: &Paused,
     ) -> Result<()> {
         let window = &self.opts.window;
         let p = phase(
@@ -274,7 +274,7 @@ impl Mover<'_> {
 
     /// What clusterctl paused in the recorded attempt, unpaused (it refuses to start while any
     /// is), and forgotten.
-    async fn unpause_for_clusterctl(&mut self, paused: &Unpause) -> Result<()> {
+    async fn unpause_for_clusterctl(&mut self, paused: &Paused) -> Result<()> {
         unpause(self.source, &paused.clusters, &paused.classes, self.out).await?;
         note(self.target, &self.opts.window, |m| {
             m.paused_by_clusterctl.clear()
@@ -402,30 +402,25 @@ impl Mover<'_> {
 
     /// handoff's block-move off every source Cluster: it must never be copied to the target
     /// or hold the next move. From here on a signal ends handoff (what is left is recorded).
-    /// `copy`: both clusters are proven stopped, and the lift lets clusterctl copy; one that
-    /// fails keeps clusterctl held until it gives up, and the way out lifts again.
-    async fn lift(&mut self, warn: bool, copy: bool, ns: &str) -> Result<()> {
-        match lift_block_move(self.source, self.target, &self.opts.window, ns).await {
-            Ok(lifted) if !lifted.is_empty() => {
-                self.out.say(format!(
-                    "source: lifted handoff's {BLOCK_MOVE} from {}{}",
-                    lifted.join(", "),
-                    match copy {
-                        true => ": clusterctl copies now",
-                        false => "",
-                    }
-                ));
-            }
-            Ok(_) => {}
-            Err(e) if warn => {
-                self.out.warn(match copy {
-                    true => format!("{e}; clusterctl stays held by handoff's block-move"),
-                    false => {
-                        format!("{e}; run the same command again to lift handoff's {BLOCK_MOVE}")
-                    }
-                });
-            }
-            Err(e) => return Err(e),
+    async fn lift(&mut self, why: Lifting, ns: &str) -> Result<()> {
+        let lifted = lift_block_move(self.source, self.target, &self.opts.window, ns).await;
+        match (lifted, why) {
+            (Ok(lifted), _) if lifted.is_empty() => {}
+            (Ok(lifted), _) => self.out.say(format!(
+                "source: lifted handoff's {BLOCK_MOVE} from {}{}",
+                lifted.join(", "),
+                match why {
+                    Lifting::Copy => ": clusterctl copies now",
+                    Lifting::WayOut | Lifting::Abort => "",
+                }
+            )),
+            (Err(e), Lifting::Copy) => self.out.warn(format!(
+                "{e}; clusterctl stays held by handoff's block-move"
+            )),
+            (Err(e), Lifting::WayOut) => self.out.warn(format!(
+                "{e}; run the same command again to lift handoff's {BLOCK_MOVE}"
+            )),
+            (Err(e), Lifting::Abort) => return Err(e),
         }
         Ok(())
     }

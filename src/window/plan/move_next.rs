@@ -13,7 +13,8 @@ use crate::resources::move_window::{MoveRecord, MoveRole};
 use crate::resources::phase::MovePhase;
 use crate::window::plan::declare::{Of, steps};
 use crate::window::plan::move_plan::{
-    self, BlockMoveOn, ClusterSeen, ClusterctlVersion, Refusal, Start, StartError, abort_refused,
+    self, BlockMoveOn, ClusterSeen, ClusterctlVersion, Paused, Refusal, Start, StartError,
+    abort_refused,
 };
 use crate::window::plan::planner::{Catch, ExitStatus, Interrupt, Observation, Planner, Verdict};
 
@@ -44,13 +45,6 @@ pub struct Observed {
     pub version: Seen<String>,
     /// Whether the source's window is open.
     pub source_open: Seen<bool>,
-}
-
-/// The source's Clusters and ClusterClasses (`namespace/name`) to unpause.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Unpause {
-    pub clusters: Vec<String>,
-    pub classes: Vec<String>,
 }
 
 impl Observed {
@@ -100,6 +94,19 @@ pub enum Because {
     Stopped(String),
 }
 
+/// Why handoff lifts its block-move, which says what a failure of the lift is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifting {
+    /// Both clusters proven stopped: clusterctl copies from now on. A failure is said, and
+    /// clusterctl stays held until it gives up; the way out lifts again.
+    Copy,
+    /// clusterctl's part is over: the move's way out, which must go on to record what
+    /// happened, so a failure is said, not fatal.
+    WayOut,
+    /// An `--abort`: a failure ends it (the same `--abort` again finishes it).
+    Abort,
+}
+
 /// What a step of the move found that the planner needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
@@ -123,11 +130,11 @@ pub enum Step names StepName {
     PutSourceBack {
         /// The source's window is open (an earlier attempt stopped it): close it first.
         close_window: bool,
-        unpause: Unpause,
+        unpause: Paused,
     },
     /// A move resumed after clusterctl began deleting: the source stays stopped (opened and
     /// proven), its Clusters unpaused so that clusterctl starts.
-    KeepSourceStopped { unpause: Unpause },
+    KeepSourceStopped { unpause: Paused },
     /// The source's standbys added, the target's controllers taken (proven later), the move's
     /// record begun.
     StopTarget {
@@ -164,15 +171,8 @@ pub enum Step names StepName {
     SignalClusterctl { signal: i32, because: Because },
     /// Say how clusterctl ended; warn where it copied without waiting for handoff's block-move.
     ClusterctlExited { status: ExitStatus, unheld: bool },
-    /// handoff's block-move off every source Cluster.
-    Lift {
-        /// A failure is said, not fatal: the move's way out, which must go on to record what
-        /// happened, or the lift that lets clusterctl copy (clusterctl then waits, and fails
-        /// in its own time).
-        warn: bool,
-        /// Both clusters proven stopped: the lift that lets clusterctl copy.
-        copy: bool,
-    },
+    /// handoff's block-move off every source Cluster, for the reason it carries.
+    Lift(Lifting),
     /// Record why clusterctl's part failed, and end with it.
     Fail(Outcome),
     /// Unpause these target Clusters, as clusterctl's last step would have.
@@ -388,8 +388,8 @@ fn refuse(cluster: MoveRole, why: impl Into<Refusal>) -> Step {
 /// (clusterctl refuses to start while any is paused): its Clusters, and its ClusterClasses
 /// wherever they are (one of another namespace that the moved Clusters use is paused as
 /// theirs are).
-fn unpause_for_clusterctl(r: &MoveRecord, seen: &Observed) -> Unpause {
-    Unpause {
+fn unpause_for_clusterctl(r: &MoveRecord, seen: &Observed) -> Paused {
+    Paused {
         clusters: move_plan::to_unpause(&r.paused_by_clusterctl, &r.clusters, seen.source()),
         classes: move_plan::to_unpause(&[], &r.cluster_classes, seen.classes()),
     }
@@ -421,10 +421,7 @@ pub fn next(
     match &b.path {
         Path::Move(at) => next_move(asked, b, at, record, seen),
         Path::Clusterctl(span) => next_in_span(b, span),
-        Path::Ended(_) => Step::Lift {
-            warn: true,
-            copy: false,
-        },
+        Path::Ended(_) => Step::Lift(Lifting::WayOut),
         Path::Failing(why) => Step::Fail(why.clone()),
         Path::Finish(at) => next_restore(b, *at, record, seen),
         Path::Abort(at) => next_abort(b, *at, record, seen),
@@ -496,10 +493,7 @@ const SOURCE_BACK: Step = Step::RestoreSource { wait_leading: true };
 fn next_abort(b: &Begun, at: AbortAt, record: Option<&MoveRecord>, seen: &Observed) -> Step {
     match at {
         AbortAt::Begun if record.is_some() => Step::BeginAbort,
-        AbortAt::Begun | AbortAt::Recorded => Step::Lift {
-            warn: false,
-            copy: false,
-        },
+        AbortAt::Begun | AbortAt::Recorded => Step::Lift(Lifting::Abort),
         AbortAt::Lifted => unpause_source(b, record, seen, true).unwrap_or(SOURCE_BACK),
         AbortAt::SourceUnpaused => SOURCE_BACK,
         AbortAt::SourceBack => Step::RestoreTarget,
@@ -605,10 +599,7 @@ fn next_in_span(b: &Begun, span: &Span) -> Step {
             paused: keys.clone(),
         },
         SpanAt::SourceTaken => Step::ProveStopped,
-        SpanAt::Proven => Step::Lift {
-            warn: true,
-            copy: true,
-        },
+        SpanAt::Proven => Step::Lift(Lifting::Copy),
         SpanAt::Copying | SpanAt::Signalled => Step::AwaitClusterctl,
         SpanAt::Signalling(signal, because) => Step::SignalClusterctl {
             signal: *signal,

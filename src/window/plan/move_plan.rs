@@ -141,8 +141,10 @@ pub fn paused_before(clusters: &[ClusterSeen], classes: &[ClusterSeen]) -> Optio
     (!p.clusters.is_empty() || !p.classes.is_empty()).then_some(p)
 }
 
-/// The Clusters and ClusterClasses (`namespace/name`) paused before a move.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Clusters and ClusterClasses (`namespace/name`) that are paused: before a move (its
+/// refusal, said with the command that unpauses each), or by clusterctl in an attempt that did
+/// not finish (what a resumed move unpauses).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Paused {
     pub clusters: Vec<String>,
     pub classes: Vec<String>,

@@ -3,7 +3,7 @@
 //! and a restore cannot have brought the source back before the target. `Run`'s fifteen
 //! fields could say all of these; a `Reached` cannot.
 
-use super::{Because, Found, Outcome, Step};
+use super::{Because, Found, Lifting, Outcome, Step};
 use crate::window::plan::move_plan::{BlockMoveOn, Start};
 use crate::window::plan::planner::{ExitStatus, Interrupt};
 
@@ -266,8 +266,8 @@ impl Reached {
             (Path::Move(MoveAt::TargetTaken(_) | MoveAt::TargetProven(_)), Step::Hold { .. }) => {
                 Path::Move(MoveAt::Held)
             }
-            (Path::Ended(Outcome::Moved), Step::Lift { .. }) => Path::Finish(FinishAt::Begun),
-            (Path::Ended(why), Step::Lift { .. }) => Path::Failing(why.clone()),
+            (Path::Ended(Outcome::Moved), Step::Lift(_)) => Path::Finish(FinishAt::Begun),
+            (Path::Ended(why), Step::Lift(_)) => Path::Failing(why.clone()),
             (Path::Finish(at), step) => Path::Finish(later(*at, finish_at(step), step)),
             (Path::Abort(at), step) => Path::Abort(later(*at, abort_at(step), step)),
             (Path::Tidy { .. }, Step::Uninstall) => Path::Tidy { uninstalled: true },
@@ -288,7 +288,7 @@ fn span_after(span: &Span, step: &Step, found: Found) -> Path {
         }
         (SpanAt::Paused(_), Step::StopSource { .. }, _) => span.at = SpanAt::SourceTaken,
         (SpanAt::SourceTaken, Step::ProveStopped, _) => span.at = SpanAt::Proven,
-        (SpanAt::Proven, Step::Lift { copy: true, .. }, _) => {
+        (SpanAt::Proven, Step::Lift(Lifting::Copy), _) => {
             span.at = SpanAt::Copying;
             span.copying = true;
         }
@@ -324,7 +324,7 @@ fn finish_at(step: &Step) -> Option<FinishAt> {
 fn abort_at(step: &Step) -> Option<AbortAt> {
     Some(match step {
         Step::BeginAbort => AbortAt::Recorded,
-        Step::Lift { .. } => AbortAt::Lifted,
+        Step::Lift(_) => AbortAt::Lifted,
         Step::UnpauseSource(_) => AbortAt::SourceUnpaused,
         Step::RestoreSource { .. } => AbortAt::SourceBack,
         Step::RestoreTarget => AbortAt::TargetBack,

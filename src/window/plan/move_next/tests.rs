@@ -9,17 +9,11 @@ const NS: &str = "clusters";
 /// The checks of a clusterctl whose version says it waits for block-move.
 const CHECK: Step = Step::Check { warn: None };
 
-/// The lift once clusterctl's part is over (or an `--abort`'s, which must go on).
-const LIFT: Step = Step::Lift {
-    warn: true,
-    copy: false,
-};
+/// The lift once clusterctl's part is over.
+const LIFT: Step = Step::Lift(Lifting::WayOut);
 
 /// The lift that lets clusterctl copy, both clusters proven stopped.
-const LET_COPY: Step = Step::Lift {
-    warn: true,
-    copy: true,
-};
+const LET_COPY: Step = Step::Lift(Lifting::Copy);
 
 fn asked(abort: bool) -> Asked {
     Asked {
@@ -385,7 +379,19 @@ fn a_clusterctl_older_than_its_block_move_wait_is_refused_and_one_unread_is_warn
         "{steps:?}"
     );
     assert_eq!(steps.last(), Some(&Step::Done), "{steps:?}");
-    // An --abort runs no clusterctl: its version is not read, nor checked.
+    // An --abort runs no clusterctl: its version is never read, wherever it is.
+    for at_ in [
+        AbortAt::Begun,
+        AbortAt::Recorded,
+        AbortAt::Lifted,
+        AbortAt::SourceBack,
+    ] {
+        let b = Reached::Begun(Begun {
+            path: Path::Abort(at_),
+            ..Begun::new(NS, Start::Resume, true)
+        });
+        assert!(!reads(&asked(true), None, &b).version, "{at_:?}");
+    }
     let abort = walk(&asked(true), None, &old, 0, None);
     assert!(
         !abort.iter().any(|s| matches!(s, Step::Refuse { .. })),
@@ -412,7 +418,7 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
                 CHECK,
                 Step::PutSourceBack {
                     close_window: false,
-                    unpause: Unpause::default(),
+                    unpause: Paused::default(),
                 },
                 stop_target(Start::Resume),
             ],
@@ -433,7 +439,7 @@ fn a_rerun_puts_the_source_back_unless_clusterctl_began_deleting() {
         began(Start::ResumeStopped),
         CHECK,
         Step::KeepSourceStopped {
-            unpause: Unpause {
+            unpause: Paused {
                 clusters: vec![format!("{NS}/a")],
                 classes: vec![],
             },
@@ -514,10 +520,7 @@ fn an_abort_restores_the_source_first_and_only_before_clusterctl_deleted() {
             v.push(Step::BeginAbort);
         }
         v.extend([
-            Step::Lift {
-                warn: false,
-                copy: false,
-            },
+            Step::Lift(Lifting::Abort),
             Step::RestoreSource { wait_leading: true },
             Step::RestoreTarget,
             Step::Aborted { recorded },
@@ -1297,7 +1300,7 @@ fn a_resumed_move_closes_an_open_source_window_and_unpauses_only_what_clusterctl
         steps[2],
         Step::PutSourceBack {
             close_window: true,
-            unpause: Unpause {
+            unpause: Paused {
                 clusters: vec![format!("{NS}/a"), format!("{NS}/b")],
                 classes: vec![format!("{NS}/class")],
             },
