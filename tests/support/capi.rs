@@ -296,12 +296,28 @@ impl Mgmt {
     /// Nothing of handoff in this cluster, where nothing of it was installed: no MoveWindow
     /// CRD, no admission policy, binding or webhook configuration of handoff's.
     pub fn nothing_of_handoff_at_all(&self) {
-        let crds = self.ok(&["get", "crd", "-o", "name"]);
-        assert!(
-            !crds.contains("movewindows.handoff.dev"),
-            "{}: the MoveWindow CRD outlived the move",
-            self.name
-        );
+        // handoff's delete of the CRD returns while the API server's own finalizer
+        // (`customresourcecleanup.apiextensions.k8s.io`) still removes what is left of the
+        // kind: found at all, it must be being deleted, and then it goes.
+        let crd = "crd/movewindows.handoff.dev";
+        let find = || {
+            let out = self.kubectl(&["get", crd, "-o", "json", "--ignore-not-found"]);
+            assert!(out.status.success(), "{}: {}", self.name, text(&out.stderr));
+            let json = text(&out.stdout);
+            (!json.trim().is_empty()).then(|| serde_json::from_str::<Value>(&json).expect("json"))
+        };
+        if let Some(left) = find() {
+            assert!(
+                left["metadata"]["deletionTimestamp"].is_string(),
+                "{}: the MoveWindow CRD outlived the move: {left}",
+                self.name
+            );
+            super::apiserver::eventually(
+                &format!("{}: the deleted MoveWindow CRD to go", self.name),
+                Duration::from_secs(60),
+                || find().is_none().then_some(()),
+            );
+        }
         for kind in [
             "validatingadmissionpolicies",
             "validatingadmissionpolicybindings",
