@@ -5,6 +5,8 @@
 //! and `declare`, which names each step once. Nothing here does I/O: the tests beside each
 //! walk every path without a cluster.
 
+pub mod all_namespaces;
+pub mod all_next;
 pub mod declare;
 pub mod directory_next;
 pub mod directory_plan;

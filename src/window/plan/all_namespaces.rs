@@ -1,0 +1,264 @@
+//! A whole management cluster's move decided before anything is written: which namespaces of
+//! the source hold something clusterctl moves, and the order clusterctl moves them in. No I/O.
+//!
+//! clusterctl moves one namespace a run: the CLI and `client.Move` turn an empty namespace into
+//! the kubeconfig context's (`cmd/clusterctl/client/move.go`). A topology Cluster's
+//! ClusterClass may live in another namespace; clusterctl copies the class with the Cluster
+//! and leaves it in the source (`cmd/clusterctl/client/cluster/objectgraph.go`, `Discovery`
+//! and `setShouldNotDelete`). So every namespace whose Clusters use a class of another is moved
+//! before the class's own namespace, whose run then takes the class out of the source. Classes
+//! used in a circle (a Cluster of `a` on a class of `b`, one of `b` on a class of `a`) have no
+//! such order: whichever namespace goes first leaves its classes behind in the source for good,
+//! so the plan refuses them by name.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::window::plan::move_plan::{ClusterSeen, namespace_of};
+
+/// What one namespace of the source holds that clusterctl moves, as `namespace/name` keys
+/// (`others`: `Kind namespace/name` of the labelled kinds' objects, beside Clusters and
+/// ClusterClasses).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Namespace {
+    pub name: String,
+    pub clusters: Vec<String>,
+    pub classes: Vec<String>,
+    pub others: Vec<String>,
+}
+
+/// Why a whole management cluster's move does not start: kept typed to the command line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllRefusal {
+    #[error(
+        "no namespace of the source holds a Cluster, a ClusterClass or an object of a kind clusterctl moves: nothing to move"
+    )]
+    Nothing,
+    #[error(
+        "the ClusterClasses of namespaces {} are used by each other's Clusters in a circle ({}): clusterctl leaves a class in the source while a Cluster of another namespace uses it, so whichever namespace moved first would leave its classes behind; move one class into the namespace of the Clusters that use it, or move these namespaces with `handoff move -n` one at a time",
+        .namespaces.join(", "),
+        .uses.join("; ")
+    )]
+    ClassesInACircle {
+        namespaces: Vec<String>,
+        /// `team-a/wl1 uses ClusterClass classes/quick-start`, for each use in the circle.
+        uses: Vec<String>,
+    },
+}
+
+/// Every namespace that holds a Cluster, a ClusterClass or one of `others` (`(namespace,
+/// "Kind namespace/name")`), sorted by name, each one's keys sorted.
+pub fn namespaces(
+    every_cluster: &[ClusterSeen],
+    every_class: &[ClusterSeen],
+    others: &[(String, String)],
+) -> Vec<Namespace> {
+    let mut by: BTreeMap<String, Namespace> = BTreeMap::new();
+    for c in every_cluster {
+        entry(&mut by, namespace_of(&c.key))
+            .clusters
+            .push(c.key.clone());
+    }
+    for c in every_class {
+        entry(&mut by, namespace_of(&c.key))
+            .classes
+            .push(c.key.clone());
+    }
+    for (ns, what) in others {
+        entry(&mut by, ns).others.push(what.clone());
+    }
+    by.into_values()
+        .map(|mut n| {
+            n.clusters.sort();
+            n.classes.sort();
+            n.others.sort();
+            n
+        })
+        .collect()
+}
+
+fn entry<'a>(by: &'a mut BTreeMap<String, Namespace>, ns: &str) -> &'a mut Namespace {
+    by.entry(ns.to_string()).or_insert_with(|| Namespace {
+        name: ns.to_string(),
+        ..Namespace::default()
+    })
+}
+
+/// The order clusterctl moves `namespaces` in: each namespace before those whose ClusterClasses
+/// its Clusters use, and otherwise by name. A class of a namespace the move does not take (the
+/// class is missing from the source) orders nothing: clusterctl says what it misses.
+pub fn order(
+    namespaces: &[Namespace],
+    every_cluster: &[ClusterSeen],
+) -> Result<Vec<String>, AllRefusal> {
+    if namespaces.is_empty() {
+        return Err(AllRefusal::Nothing);
+    }
+    let taken: BTreeSet<&str> = namespaces.iter().map(|n| n.name.as_str()).collect();
+    // user's namespace → the class namespaces it must come before, and how many come first.
+    let mut before: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut waits_for: BTreeMap<&str, usize> = taken.iter().map(|n| (*n, 0)).collect();
+    for c in every_cluster {
+        let user = namespace_of(&c.key);
+        let Some(class_ns) = c.class.as_deref().map(namespace_of) else {
+            continue;
+        };
+        if user == class_ns || !taken.contains(user) || !taken.contains(class_ns) {
+            continue;
+        }
+        if before.entry(user).or_default().insert(class_ns) {
+            *waits_for.get_mut(class_ns).expect("taken") += 1;
+        }
+    }
+    let mut ready: BTreeSet<&str> = waits_for
+        .iter()
+        .filter(|(_, n)| **n == 0)
+        .map(|(ns, _)| *ns)
+        .collect();
+    let mut out = Vec::with_capacity(taken.len());
+    while let Some(ns) = ready.pop_first() {
+        out.push(ns.to_string());
+        for class_ns in before.get(ns).into_iter().flatten() {
+            let n = waits_for.get_mut(class_ns).expect("taken");
+            *n -= 1;
+            if *n == 0 {
+                ready.insert(class_ns);
+            }
+        }
+    }
+    if out.len() == taken.len() {
+        return Ok(out);
+    }
+    let left: BTreeSet<&str> = waits_for
+        .iter()
+        .filter(|(ns, _)| !out.iter().any(|o| o == *ns))
+        .map(|(ns, _)| *ns)
+        .collect();
+    let uses = every_cluster
+        .iter()
+        .filter_map(|c| {
+            let class = c.class.as_deref()?;
+            let (user, class_ns) = (namespace_of(&c.key), namespace_of(class));
+            (user != class_ns && left.contains(user) && left.contains(class_ns))
+                .then(|| format!("{} uses ClusterClass {class}", c.key))
+        })
+        .collect();
+    Err(AllRefusal::ClassesInACircle {
+        namespaces: left.into_iter().map(String::from).collect(),
+        uses,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(key: &str, class: Option<&str>) -> ClusterSeen {
+        ClusterSeen {
+            key: key.into(),
+            class: class.map(String::from),
+            ..ClusterSeen::default()
+        }
+    }
+
+    fn class(key: &str) -> ClusterSeen {
+        ClusterSeen {
+            key: key.into(),
+            ..ClusterSeen::default()
+        }
+    }
+
+    /// The shape issue 52 measures: a class namespace of its own, two teams on its class, a
+    /// KubeadmControlPlane Cluster without a class in a fourth.
+    fn management_cluster() -> (Vec<ClusterSeen>, Vec<ClusterSeen>) {
+        (
+            vec![
+                cluster("team-b/wl2", Some("classes/quick-start")),
+                cluster("team-a/wl1", Some("classes/quick-start")),
+                cluster("kcp/wl3", None),
+            ],
+            vec![class("classes/quick-start")],
+        )
+    }
+
+    #[test]
+    fn every_namespace_with_something_to_move_once_sorted() {
+        let (clusters, classes) = management_cluster();
+        let others = [(
+            "infra".to_string(),
+            "DevClusterIdentity infra/shared".to_string(),
+        )];
+        let ns = namespaces(&clusters, &classes, &others);
+        let names: Vec<&str> = ns.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["classes", "infra", "kcp", "team-a", "team-b"]);
+        assert_eq!(ns[0].classes, ["classes/quick-start"]);
+        assert!(ns[0].clusters.is_empty());
+        assert_eq!(ns[1].others, ["DevClusterIdentity infra/shared"]);
+        assert_eq!(ns[3].clusters, ["team-a/wl1"]);
+    }
+
+    #[test]
+    fn a_class_namespace_moves_after_every_namespace_that_uses_its_classes() {
+        let (clusters, classes) = management_cluster();
+        let ns = namespaces(&clusters, &classes, &[]);
+        assert_eq!(
+            order(&ns, &clusters).unwrap(),
+            ["kcp", "team-a", "team-b", "classes"]
+        );
+    }
+
+    #[test]
+    fn a_chain_of_classes_is_ordered_through() {
+        // team-a uses a class of platform, platform's own Cluster a class of base.
+        let clusters = vec![
+            cluster("team-a/wl1", Some("platform/app")),
+            cluster("platform/mgmt", Some("base/core")),
+        ];
+        let classes = vec![class("platform/app"), class("base/core")];
+        let ns = namespaces(&clusters, &classes, &[]);
+        assert_eq!(
+            order(&ns, &clusters).unwrap(),
+            ["team-a", "platform", "base"]
+        );
+    }
+
+    #[test]
+    fn a_class_of_the_clusters_own_namespace_or_missing_orders_nothing() {
+        let clusters = vec![
+            cluster("b/wl1", Some("b/own")),
+            cluster("a/wl2", Some("gone/class")),
+        ];
+        let classes = vec![class("b/own")];
+        let ns = namespaces(&clusters, &classes, &[]);
+        assert_eq!(order(&ns, &clusters).unwrap(), ["a", "b"]);
+    }
+
+    #[test]
+    fn classes_used_in_a_circle_are_refused_by_name() {
+        let clusters = vec![
+            cluster("a/wl1", Some("b/cb")),
+            cluster("b/wl2", Some("a/ca")),
+            cluster("c/wl3", None),
+        ];
+        let classes = vec![class("a/ca"), class("b/cb")];
+        let ns = namespaces(&clusters, &classes, &[]);
+        let e = order(&ns, &clusters).unwrap_err();
+        assert_eq!(
+            e,
+            AllRefusal::ClassesInACircle {
+                namespaces: vec!["a".into(), "b".into()],
+                uses: vec![
+                    "a/wl1 uses ClusterClass b/cb".into(),
+                    "b/wl2 uses ClusterClass a/ca".into()
+                ],
+            }
+        );
+        let said = e.to_string();
+        assert!(said.contains("namespaces a, b"), "{said}");
+        assert!(said.contains("handoff move -n"), "{said}");
+    }
+
+    #[test]
+    fn nothing_to_move_is_refused() {
+        assert_eq!(order(&[], &[]), Err(AllRefusal::Nothing));
+    }
+}
