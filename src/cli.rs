@@ -95,6 +95,12 @@ pub struct MoveArgs {
     /// clusterctl picks it); handoff passes it to clusterctl explicitly.
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
+    /// Every namespace of the source that holds a Cluster, a ClusterClass or an object of a
+    /// kind labelled for clusterctl's move hierarchy, under one stop of both clusters:
+    /// clusterctl once per namespace, each namespace whose Clusters use a ClusterClass of
+    /// another before that one (window: move-all-namespaces).
+    #[arg(long, short = 'A', conflicts_with_all = ["namespace", "to_directory", "from_directory", "dry_run"])]
+    pub all_namespaces: bool,
     /// Passed to clusterctl; handoff prints its plan and writes nothing.
     #[arg(long)]
     pub dry_run: bool,

@@ -716,3 +716,105 @@ fn handoff_move_stops_both_clusters_for_the_copy_and_finds_its_way_back() {
         took.as_secs_f64()
     );
 }
+
+/// `handoff move --all-namespaces` of two namespaces under one stop, clusterctl failing in the
+/// second after its first create: the first stays moved and both clusters stay stopped;
+/// `--abort` brings every controller back and leaves the first in the target, the second in
+/// the source; the same command again moves what is left.
+#[test]
+#[cfg_attr(
+    not(apiserver),
+    ignore = "needs etcd and kube-apiserver: KUBEBUILDER_ASSETS=$(../shared/envtest/assets.sh) cargo test"
+)]
+fn handoff_move_all_namespaces_stops_once_and_an_abort_leaves_each_namespace_whole() {
+    if skip()
+        || !support::netns::in_own_netns(
+            "handoff_move_all_namespaces_stops_once_and_an_abort_leaves_each_namespace_whole",
+        )
+    {
+        return;
+    }
+    let source = Mgmt::start("source", providers(true, [10, 0, 0, 20]));
+    let target = Mgmt::start("target", providers(false, [10, 0, 0, 21]));
+    workload(&source, "one");
+    workload(&source, "two");
+    const WINDOW: &str = "move-all-namespaces";
+    let all = |extra: &[&str], fail: bool| -> (bool, String) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
+        cmd.arg("move")
+            .arg("--kubeconfig")
+            .arg(source.operator_kubeconfig())
+            .arg("--to-kubeconfig")
+            .arg(target.operator_kubeconfig())
+            .arg("--all-namespaces")
+            .arg("--clusterctl")
+            .arg(standin())
+            .args(extra)
+            .env_remove("KUBECONFIG");
+        if fail {
+            cmd.env("CLUSTERCTL_STANDIN_FAIL_AFTER_CREATES", "1")
+                .env("CLUSTERCTL_STANDIN_FAIL_IN_NAMESPACE", "two");
+        }
+        let out = cmd.output().expect("handoff move -A");
+        let log = text(&out.stderr) + &text(&out.stdout);
+        say(&format!("handoff move -A {extra:?}"), &log);
+        (out.status.success(), log)
+    };
+    let cluster_in =
+        |m: &Mgmt, ns: &str| m.exists(&["-n", ns, "clusters.cluster.x-k8s.io", "workload"]);
+
+    // 1. clusterctl fails in the second namespace.
+    let (ok, log) = all(&[], true);
+    assert!(!ok, "{log}");
+    assert!(
+        // The stand-in core provider's webhook is probed with a Cluster of its own.
+        log.contains("3 namespaces, in this order: one, two, webhook-probes")
+            && log.contains("injected failure")
+            && log.contains("clusterctl moves namespace two again, then the rest"),
+        "{log}"
+    );
+    stopped(&source, WINDOW);
+    stopped(&target, WINDOW);
+    let w = target.get(&["movewindow", WINDOW]);
+    let rec = &w["status"]["move"];
+    assert_eq!(rec["phase"], "Failed", "{w}");
+    assert_eq!(
+        rec["namespaces"],
+        serde_json::json!([
+            {"name": "one", "state": "Moved"},
+            {"name": "two", "state": "Copying"},
+            {"name": "webhook-probes", "state": "Pending"}
+        ]),
+        "{w}"
+    );
+    assert!(cluster_in(&target, "one") && !cluster_in(&source, "one"));
+    assert!(cluster_in(&source, "two"));
+
+    // 2. --abort: the controllers back, the first namespace stays in the target.
+    let (ok, log) = all(&["--abort"], false);
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("namespace one moved already and stays in the target"),
+        "{log}"
+    );
+    nothing_left(&source, "two");
+    nothing_left(&target, "one");
+    let c = source.get(&["-n", "two", "clusters.cluster.x-k8s.io", "workload"]);
+    assert_ne!(c["spec"]["paused"], true, "unpaused in the source: {c}");
+    assert!(!cluster_in(&source, "one"));
+
+    // 3. The same command again moves what is left, under one stop again.
+    let (ok, log) = all(&[], false);
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("2 namespaces, in this order: two, webhook-probes"),
+        "{log}"
+    );
+    for ns in ["one", "two"] {
+        assert!(cluster_in(&target, ns) && !cluster_in(&source, ns), "{ns}");
+    }
+    let c = target.get(&["-n", "two", "clusters.cluster.x-k8s.io", "workload"]);
+    assert_ne!(c["spec"]["paused"], true, "unpaused in the target: {c}");
+    nothing_left(&source, "two");
+    nothing_left(&target, "two");
+}

@@ -154,10 +154,10 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
         );
     }
     let namespace = a.namespace.clone().unwrap_or(source_ns);
-    let name = a
-        .window
-        .clone()
-        .unwrap_or_else(|| format!("move-{namespace}"));
+    let name = a.window.clone().unwrap_or_else(|| match a.all_namespaces {
+        true => "move-all-namespaces".to_string(),
+        false => format!("move-{namespace}"),
+    });
     let window_options = window_options(&a, name.clone(), None);
     let opts = window::MoveOptions {
         window: name.clone(),
@@ -179,24 +179,38 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
     let source = Cluster::new(source, Some(MoveRole::Source));
     let target = Cluster::new(target, Some(MoveRole::Target));
     let mut out = a.progress.reporter(false);
-    window::move_run(&source, &target, &opts, &mut out)
-        .await
-        .map_err(|e| {
-            let server = match &e {
-                window::WindowError::Api { cluster, .. } if cluster.only(window::Label::Source) => {
-                    Some(format!("API server {source_server} (source)"))
-                }
-                window::WindowError::Api { cluster, .. } if cluster.only(window::Label::Target) => {
-                    Some(format!("API server {target_server} (target)"))
-                }
-                _ => None,
+    let run = match a.all_namespaces {
+        true => {
+            let whole = window::WholeOptions {
+                window: opts.window,
+                flags: opts.flags,
+                clusterctl: opts.clusterctl,
+                abort: opts.abort,
+                open: opts.open,
+                close: opts.close,
+                poll: opts.poll,
+                step_label: opts.step_label,
             };
-            let e = anyhow::Error::new(e);
-            match server {
-                Some(s) => e.context(s),
-                None => e,
+            window::whole_run(&source, &target, &whole, &mut out).await
+        }
+        false => window::move_run(&source, &target, &opts, &mut out).await,
+    };
+    run.map_err(|e| {
+        let server = match &e {
+            window::WindowError::Api { cluster, .. } if cluster.only(window::Label::Source) => {
+                Some(format!("API server {source_server} (source)"))
             }
-        })
+            window::WindowError::Api { cluster, .. } if cluster.only(window::Label::Target) => {
+                Some(format!("API server {target_server} (target)"))
+            }
+            _ => None,
+        };
+        let e = anyhow::Error::new(e);
+        match server {
+            Some(s) => e.context(s),
+            None => e,
+        }
+    })
 }
 
 /// `handoff move --to-directory` (a backup of the `--kubeconfig` cluster) or

@@ -2,6 +2,7 @@
 //! lines and the User-Agent of every request name them, read from their declarations
 //! (`handoff::window::plan::declare`): the name is the variant's, the text its doc comment.
 
+use handoff::window::plan::all_next::WholeStepName;
 use handoff::window::plan::declare::{Of, StepName};
 use handoff::window::plan::directory_plan::DirectoryStep;
 use handoff::window::plan::move_next::StepName as MoveStep;
@@ -20,7 +21,7 @@ fn table<N: StepName>() -> String {
 pub fn page() -> String {
     let of = |o: Of| code(o.as_str());
     let mut page = header(
-        "the step declarations (src/window/plan/move_next.rs, window_next.rs, directory_plan.rs)",
+        "the step declarations (src/window/plan/move_next.rs, all_next.rs, window_next.rs, directory_plan.rs)",
         "steps",
         "reference::steps_md_is_current",
     );
@@ -34,11 +35,15 @@ pub fn page() -> String {
          namespace](../tasks/move.md#progress-for-people-and-for-pipelines).\n\n\
          ## A move\n\n`of`: {}. A move runs the window steps inside its own: `StopTarget` and \
          `Hold` open the windows, `RestoreTarget` and `RestoreSource` close them.\n\n{}\n\
+         ## A whole management cluster's move\n\n`of`: {} (`handoff move --all-namespaces`). \
+         `Stop` opens both windows, `RestoreTarget` and `RestoreSource` close them.\n\n{}\n\
          ## A backup or a restore\n\n`of`: {} or {}.\n\n{}\n\
          ## `window open`\n\n`of`: {}.\n\n{}\n\
          ## `window close`\n\n`of`: {}.\n\n{}",
         of(Of::Move),
         table::<MoveStep>(),
+        of(Of::WholeMove),
+        table::<WholeStepName>(),
         of(Of::Backup),
         of(Of::Restore),
         table::<DirectoryStep>(),

@@ -174,6 +174,29 @@ pub struct MoveRecord {
     /// What went wrong, for `status` and a re-run to show.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// A whole management cluster's move (`--all-namespaces`): every namespace, in the order
+    /// clusterctl moves them, and where each is. Empty for a move of one namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<NamespaceMove>,
+}
+
+/// One namespace of a whole management cluster's move.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceMove {
+    pub name: String,
+    pub state: NamespaceMoveState,
+}
+
+/// Where one namespace of a whole move is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum NamespaceMoveState {
+    /// Not yet begun.
+    Pending,
+    /// clusterctl was started on it and has not been seen to end well.
+    Copying,
+    /// clusterctl moved it.
+    Moved,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

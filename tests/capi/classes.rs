@@ -12,7 +12,8 @@
 //! handoff: team-a's move killed mid-copy (clusterctl's first MachineSet in the target) is
 //! finished by the same command (the class clusterctl paused is put back before clusterctl
 //! runs again); the class's namespace is refused while team-b's Cluster still uses it; then
-//! team-b and the class's namespace move; every Cluster is re-provisioned by the target's
+//! `handoff move --all-namespaces` moves what is left, team-b and then the class's namespace,
+//! under one stop of both clusters; every Cluster is re-provisioned by the target's
 //! controllers, and nothing is left paused in either cluster.
 
 use std::process::{Command, Output, Stdio};
@@ -359,13 +360,37 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
         m.nothing_of_handoff_at_all();
     }
 
-    // team-b, then the classes' namespace.
-    for ns in ["team-b", "classes"] {
-        let out = handoff_move(&rig, &src, &dst, ns, &[]);
-        let log = log_of(&out);
-        assert!(out.status.success(), "handoff move -n {ns}:\n{log}");
-        assert!(paused(&src).is_empty(), "after {ns}: {:?}", paused(&src));
-    }
+    // What is left of the source, team-b and the classes' namespace, in one whole move: team-b
+    // first (its Cluster uses the class), under one stop of both clusters.
+    let t = Instant::now();
+    let out = rig
+        .handoff(&rig.clusterctl(), &["--all-namespaces"])
+        .arg("--kubeconfig")
+        .arg(&src.kubeconfig)
+        .arg("--to-kubeconfig")
+        .arg(&dst.kubeconfig)
+        .output()
+        .expect("handoff move -A");
+    let log = log_of(&out);
+    eprintln!(
+        "handoff move -A ({:.1}s, exit {:?}):\n{log}",
+        t.elapsed().as_secs_f64(),
+        out.status.code()
+    );
+    assert!(out.status.success(), "handoff move -A:\n{log}");
+    assert!(
+        log.contains("2 namespaces, in this order: team-b, classes"),
+        "{log}"
+    );
+    let runs: Vec<usize> = ["namespace team-b: running", "namespace classes: running"]
+        .iter()
+        .filter_map(|l| log.find(l))
+        .collect();
+    assert!(
+        runs.len() == 2 && runs[0] < runs[1],
+        "clusterctl on team-b, then classes:\n{log}"
+    );
+    assert!(paused(&src).is_empty(), "{:?}", paused(&src));
     assert!(
         names(&src, "classes", "clusterclasses.cluster.x-k8s.io").is_empty(),
         "the classes' own move deletes them from the source"

@@ -26,6 +26,8 @@ kubectl, against real API servers:
 For tests, from the environment:
   CLUSTERCTL_STANDIN_FAIL_AFTER_CREATES=N  exit 1 after the N-th create (a move that fails
                                            halfway)
+  CLUSTERCTL_STANDIN_FAIL_IN_NAMESPACE=NS  the injected failures only in a move of namespace NS
+                                           (one run of a whole move's)
   CLUSTERCTL_STANDIN_FAIL_AFTER_DELETES=N  exit 1 after the N-th delete from the source (a move
                                            that fails once deletes have begun)
   CLUSTERCTL_STANDIN_CREATE_DELAY=S        sleep S seconds after each create (a copy that
@@ -70,6 +72,9 @@ signal.signal(signal.SIGTERM, interrupted)
 
 fail_after = int(os.environ.get('CLUSTERCTL_STANDIN_FAIL_AFTER_CREATES', '0') or 0)
 fail_after_deletes = int(os.environ.get('CLUSTERCTL_STANDIN_FAIL_AFTER_DELETES', '0') or 0)
+fail_in = os.environ.get('CLUSTERCTL_STANDIN_FAIL_IN_NAMESPACE', '')
+if fail_in and fail_in != a.namespace:
+    fail_after = fail_after_deletes = 0
 create_delay = float(os.environ.get('CLUSTERCTL_STANDIN_CREATE_DELAY', '0') or 0)
 record_path = os.environ.get('CLUSTERCTL_STANDIN_RECORD', '')
 

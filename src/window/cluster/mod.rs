@@ -236,6 +236,12 @@ pub enum WindowError {
         cluster: Label,
         why: crate::window::plan::directory_plan::DirectoryRefusal,
     },
+    /// A whole management cluster's move its planner refused, as it said.
+    #[error("{cluster}: {why}")]
+    WholeRefused {
+        cluster: Label,
+        why: crate::window::plan::all_next::WholeRefusal,
+    },
     /// A `window open` or `window close` its planner refused, as it said.
     #[error("{cluster}: {why}")]
     WindowRefused {

@@ -125,6 +125,47 @@ pub async fn every_cluster(c: &Cluster) -> Result<Vec<ClusterSeen>> {
     every_of(c, CLUSTERS, "Clusters").await
 }
 
+/// Every ClusterClass of the cluster, in every namespace.
+pub async fn every_class(c: &Cluster) -> Result<Vec<ClusterSeen>> {
+    every_of(c, CLUSTER_CLASSES, "ClusterClasses").await
+}
+
+/// The objects clusterctl moves as roots of their own beside Clusters and ClusterClasses: those
+/// of the namespaced CRDs labelled `clusterctl.cluster.x-k8s.io/move-hierarchy`
+/// (`objectgraph.go`, `getMoveHierarchy`), as `(namespace, "Kind namespace/name")`.
+pub async fn move_hierarchy_roots(c: &Cluster) -> Result<Vec<(String, String)>> {
+    let crds = Api::<CustomResourceDefinition>::all(c.client.clone())
+        .list(&ListParams::default().labels("clusterctl.cluster.x-k8s.io/move-hierarchy"))
+        .await
+        .map_err(api_err(
+            c,
+            "listing the CustomResourceDefinitions labelled for clusterctl's move hierarchy",
+        ))?;
+    let mut out = Vec::new();
+    for crd in crds
+        .items
+        .iter()
+        .filter(|crd| crd.spec.scope == "Namespaced")
+    {
+        let Some(ar) = api_resource(crd) else {
+            continue;
+        };
+        let list = Api::<DynamicObject>::all_with(c.client.clone(), &ar)
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(api_err(
+                c,
+                format!("listing the {} of every namespace", ar.plural),
+            ))?;
+        for o in list.items {
+            let ns = o.metadata.namespace.unwrap_or_default();
+            let what = format!("{} {ns}/{}", ar.kind, o.metadata.name.unwrap_or_default());
+            out.push((ns, what));
+        }
+    }
+    Ok(out)
+}
+
 /// Every object of a Cluster API kind, in every namespace (none where it is not installed).
 async fn every_of(c: &Cluster, crd: &str, what: &str) -> Result<Vec<ClusterSeen>> {
     let Some(ar) = resource(c, crd).await? else {

@@ -9,8 +9,10 @@ mod directory;
 mod pause_watch;
 mod restore;
 mod steps;
+mod whole;
 
 pub use directory::{DirectoryOptions, run as directory_run};
+pub use whole::{WholeOptions, run as whole_run};
 
 use crate::window::progress::Progress;
 use std::path::PathBuf;

@@ -23,18 +23,13 @@
 
 use crate::resources::phase::MovePhase;
 use crate::window::plan::all_namespaces::AllRefusal;
+use crate::window::plan::declare::Of;
 use crate::window::plan::move_next::Seen;
 use crate::window::plan::move_plan::{self, ClusterSeen, ClusterctlVersion, Paused};
-use crate::window::plan::planner::{ExitStatus, Observation, Verdict};
+use crate::window::plan::planner::{ExitStatus, Observation, Planner, Verdict};
 
 /// Where one namespace of a whole move is, as the target's record keeps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NamespaceState {
-    Pending,
-    /// clusterctl was started on it and has not been seen to end well.
-    Copying,
-    Moved,
-}
+pub use crate::resources::move_window::NamespaceMoveState as NamespaceState;
 
 /// A whole move as the target's record keeps it: the planner's view of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -124,11 +119,10 @@ pub enum WholeStep names WholeStepName {
     Pause(Paused),
     /// Until nothing in the source carries a provider's block-move; reads only.
     WaitUnblocked,
-    /// Both clusters' controllers taken, the target's first (`Stopping source`).
+    /// `Stopping source` recorded; both clusters' controllers stopped at once as `window open
+    /// --source --target` stops them, and proven stopped (each former leader's end, or its
+    /// Lease's bound), their webhooks serving; `Copying` recorded.
     Stop,
-    /// Both clusters proven stopped (each former leader's end, or its Lease's bound), their
-    /// webhooks serving; `Copying` recorded.
-    ProveStopped,
     /// What is paused of what handoff recorded unpaused, so that clusterctl starts; nothing
     /// reconciles it now.
     Unpause(Paused),
@@ -184,8 +178,8 @@ pub enum WholeAt {
     Recorded,
     Paused,
     Unblocked,
+    /// Both clusters stopped and proven stopped.
     Stopped,
-    Proven,
     /// Unpaused, or a namespace moved: clusterctl on the next one, or `Copied`.
     Copying,
     /// clusterctl moved the namespace in flight: `Moved` next.
@@ -230,7 +224,10 @@ pub struct WholeReached {
 pub enum Found {
     Nothing,
     /// clusterctl ended.
-    Exited { status: ExitStatus, what: String },
+    Exited {
+        status: ExitStatus,
+        what: String,
+    },
 }
 
 /// What the performer reads before the next step.
@@ -309,7 +306,7 @@ impl WholePlanner {
                 clusters: true,
                 ..WholeReads::default()
             },
-            WholeAt::Proven | WholeAt::SourceBack | WholeAt::Ran => WholeReads {
+            WholeAt::Stopped | WholeAt::SourceBack | WholeAt::Ran => WholeReads {
                 clusters: true,
                 ..WholeReads::default()
             },
@@ -317,7 +314,7 @@ impl WholePlanner {
         }
     }
 
-    pub fn next(&self, seen: &WholeSeen, r: &WholeReached) -> WholeStep {
+    fn step(&self, seen: &WholeSeen, r: &WholeReached) -> WholeStep {
         match r.at {
             WholeAt::Begun => self.begin(seen, self.record.as_ref()),
             WholeAt::Checked => {
@@ -337,8 +334,7 @@ impl WholePlanner {
             WholeAt::Recorded => WholeStep::Pause(self.recorded(r).paused.clone()),
             WholeAt::Paused => WholeStep::WaitUnblocked,
             WholeAt::Unblocked => WholeStep::Stop,
-            WholeAt::Stopped => WholeStep::ProveStopped,
-            WholeAt::Proven => WholeStep::Unpause(now_paused(seen, &self.recorded(r).paused)),
+            WholeAt::Stopped => WholeStep::Unpause(now_paused(seen, &self.recorded(r).paused)),
             WholeAt::Copying => match self.recorded(r).next_namespace() {
                 Some(ns) => WholeStep::Clusterctl {
                     namespace: ns.to_string(),
@@ -381,7 +377,9 @@ impl WholePlanner {
                 Some(ns) if *seen.deleting.get("whether clusterctl had begun deleting") => {
                     WholeStep::Refuse(WholeRefusal::AbortPast(ns.to_string()))
                 }
-                _ if r.phase == MovePhase::Restoring => WholeStep::Refuse(WholeRefusal::AbortCopied),
+                _ if r.phase == MovePhase::Restoring => {
+                    WholeStep::Refuse(WholeRefusal::AbortCopied)
+                }
                 _ => WholeStep::BeginAbort,
             },
             (Some(r), false) => match r.phase {
@@ -412,12 +410,7 @@ impl WholePlanner {
         }
     }
 
-    pub fn observe(
-        &self,
-        r: &mut WholeReached,
-        step: &WholeStep,
-        o: Observation<'_, Found>,
-    ) -> Verdict {
+    fn heard(&self, r: &mut WholeReached, step: &WholeStep, o: Observation<'_, Found>) -> Verdict {
         let found = match o {
             Observation::Done(found) => found,
             // A run that paused and had not stopped yet puts the source back, then ends with
@@ -426,7 +419,9 @@ impl WholePlanner {
                 if matches!(
                     step,
                     WholeStep::Pause(_) | WholeStep::WaitUnblocked | WholeStep::Stop
-                ) && self.record(r).is_some_and(|rec| rec.phase == MovePhase::Moving) =>
+                ) && self
+                    .record(r)
+                    .is_some_and(|rec| rec.phase == MovePhase::Moving) =>
             {
                 // The controllers back (the stop may have taken some), then the source
                 // unpaused, then the record says the move was undone.
@@ -453,12 +448,8 @@ impl WholePlanner {
             WholeStep::Pause(_) => WholeAt::Paused,
             WholeStep::WaitUnblocked => WholeAt::Unblocked,
             WholeStep::Stop => {
-                self.set_phase(r, MovePhase::StoppingSource);
-                WholeAt::Stopped
-            }
-            WholeStep::ProveStopped => {
                 self.set_phase(r, MovePhase::Copying);
-                WholeAt::Proven
+                WholeAt::Stopped
             }
             WholeStep::Unpause(_) => WholeAt::Copying,
             WholeStep::Clusterctl { namespace } => {
@@ -513,6 +504,37 @@ impl WholePlanner {
             WholeStep::Done => return Verdict::End,
         };
         Verdict::GoOn
+    }
+}
+
+impl Planner for WholePlanner {
+    type Step = WholeStep;
+    type Name = WholeStepName;
+    type Read = WholeSeen;
+    type Reached = WholeReached;
+    type Found = Found;
+
+    fn of(&self) -> Of {
+        Of::WholeMove
+    }
+
+    fn name(step: &WholeStep) -> WholeStepName {
+        step.name()
+    }
+
+    fn next(&self, read: &WholeSeen, reached: &WholeReached) -> WholeStep {
+        self.step(read, reached)
+    }
+
+    /// Before the stop, a failed step puts the source back and ends with its error; from the
+    /// stop on, it ends the run where it is, and the same command goes on from the record.
+    fn observe(
+        &self,
+        reached: &mut WholeReached,
+        step: &WholeStep,
+        o: Observation<'_, Found>,
+    ) -> Verdict {
+        self.heard(reached, step, o)
     }
 }
 

@@ -7,6 +7,8 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Of {
     Move,
+    /// `handoff move --all-namespaces`.
+    WholeMove,
     Backup,
     Restore,
     WindowOpen,
@@ -18,6 +20,7 @@ impl Of {
     pub const fn as_str(self) -> &'static str {
         match self {
             Of::Move => "move",
+            Of::WholeMove => "move -A",
             Of::Backup => "backup",
             Of::Restore => "restore",
             Of::WindowOpen => "window open",
