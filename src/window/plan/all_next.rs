@@ -1,5 +1,5 @@
 //! A whole management cluster's move (`handoff move --all-namespaces`): its one next step,
-//! pure. Not wired to the command line yet: the performer and the record come next (issue 52).
+//! pure (the performer is `mover/whole.rs`).
 //!
 //! One stop of both clusters for every namespace. clusterctl moves one namespace a run and
 //! waits out each provider's block-move before it copies (`waitReadyForMove`, about six
