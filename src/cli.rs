@@ -99,7 +99,7 @@ pub struct MoveArgs {
     /// kind labelled for clusterctl's move hierarchy, under one stop of both clusters:
     /// clusterctl once per namespace, each namespace whose Clusters use a ClusterClass of
     /// another before that one (window: move-all-namespaces).
-    #[arg(long, short = 'A', conflicts_with_all = ["namespace", "to_directory", "from_directory", "dry_run"])]
+    #[arg(long, short = 'A', conflicts_with_all = ["namespace", "to_directory", "from_directory"])]
     pub all_namespaces: bool,
     /// Passed to clusterctl; handoff prints its plan and writes nothing.
     #[arg(long)]

@@ -763,6 +763,17 @@ fn handoff_move_all_namespaces_stops_once_and_an_abort_leaves_each_namespace_who
     let cluster_in =
         |m: &Mgmt, ns: &str| m.exists(&["-n", ns, "clusters.cluster.x-k8s.io", "workload"]);
 
+    // 0. The dry run: each namespace in order with what it holds; nothing written.
+    let (ok, log) = all(&["--dry-run"], false);
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("would move 3 namespaces under one stop of both clusters")
+            && log.contains("in this order:\n  one: Cluster one/workload\n  two: Cluster two/workload\n  webhook-probes: Cluster webhook-probes/probe-")
+            && log.contains("Dry run: nothing was written."),
+        "{log}"
+    );
+    assert!(!source.exists(&["movewindow", WINDOW]) && !target.exists(&["movewindow", WINDOW]));
+
     // 1. clusterctl fails in the second namespace.
     let (ok, log) = all(&[], true);
     assert!(!ok, "{log}");

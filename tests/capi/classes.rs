@@ -361,7 +361,26 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
     }
 
     // What is left of the source, team-b and the classes' namespace, in one whole move: team-b
-    // first (its Cluster uses the class), under one stop of both clusters.
+    // first (its Cluster uses the class), under one stop of both clusters. Its dry run first.
+    let dry = rig
+        .handoff(&rig.clusterctl(), &["--all-namespaces", "--dry-run"])
+        .arg("--kubeconfig")
+        .arg(&src.kubeconfig)
+        .arg("--to-kubeconfig")
+        .arg(&dst.kubeconfig)
+        .output()
+        .expect("handoff move -A --dry-run");
+    let log = log_of(&dry);
+    assert!(dry.status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "in this order:\n  team-b: Cluster team-b/b1 (ClusterClass classes/{CLASS})\n  classes: ClusterClass classes/{CLASS}\nDry run: nothing was written."
+        )),
+        "{log}"
+    );
+    for m in [&src, &dst] {
+        m.nothing_of_handoff_at_all();
+    }
     let t = Instant::now();
     let out = rig
         .handoff(&rig.clusterctl(), &["--all-namespaces"])

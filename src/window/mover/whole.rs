@@ -53,6 +53,18 @@ pub async fn run(
     o: &WholeOptions,
     out: &mut Progress,
 ) -> Result<()> {
+    if o.flags.dry_run {
+        let clusters = every_cluster(source).await?;
+        let classes = every_class(source).await?;
+        let roots = move_hierarchy_roots(source).await?;
+        let ns = all_namespaces::namespaces(&clusters, &classes, &roots);
+        out.say(
+            all_namespaces::dry_run(&ns, &clusters, &classes)
+                .trim_end()
+                .to_string(),
+        );
+        return Ok(());
+    }
     let rec = read_window(target, &o.window)
         .await?
         .and_then(|w| w.status)

@@ -148,6 +148,60 @@ pub fn order(
     })
 }
 
+/// What `handoff move --all-namespaces --dry-run` says: each namespace in clusterctl's order with
+/// what it holds, or why the move would be refused; nothing is written.
+pub fn dry_run(
+    namespaces: &[Namespace],
+    every_cluster: &[ClusterSeen],
+    every_class: &[ClusterSeen],
+) -> String {
+    let mut out = String::new();
+    let paused: Vec<&str> = every_cluster
+        .iter()
+        .chain(every_class)
+        .filter(|c| c.paused)
+        .map(|c| c.key.as_str())
+        .collect();
+    let order = match order(namespaces, every_cluster) {
+        Ok(order) => order,
+        Err(e) => {
+            return format!("handoff move -A would refuse: {e}\nDry run: nothing was written.\n");
+        }
+    };
+    out.push_str(&format!(
+        "handoff move -A would move {} namespace{} under one stop of both clusters, clusterctl once each, in this order:\n",
+        order.len(),
+        if order.len() == 1 { "" } else { "s" }
+    ));
+    for name in &order {
+        let n = namespaces
+            .iter()
+            .find(|n| &n.name == name)
+            .expect("ordered");
+        let mut held = Vec::new();
+        for key in &n.clusters {
+            let class = every_cluster
+                .iter()
+                .find(|c| &c.key == key)
+                .and_then(|c| c.class.as_deref())
+                .map(|k| format!(" (ClusterClass {k})"))
+                .unwrap_or_default();
+            held.push(format!("Cluster {key}{class}"));
+        }
+        held.extend(n.classes.iter().map(|k| format!("ClusterClass {k}")));
+        held.extend(n.others.iter().cloned());
+        out.push_str(&format!("  {name}: {}\n", held.join(", ")));
+    }
+    if !paused.is_empty() {
+        out.push_str(&format!(
+            "handoff move -A would refuse: paused already, and not by handoff (clusterctl moves nothing paused): {}\n",
+            paused.join(", ")
+        ));
+    }
+    out.push_str("Dry run: nothing was written.\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +309,36 @@ mod tests {
         let said = e.to_string();
         assert!(said.contains("namespaces a, b"), "{said}");
         assert!(said.contains("handoff move -n"), "{said}");
+    }
+
+    #[test]
+    fn the_dry_run_says_each_namespace_in_order_and_what_would_refuse() {
+        let (mut clusters, classes) = management_cluster();
+        let others = [(
+            "infra".to_string(),
+            "DevClusterIdentity infra/shared".to_string(),
+        )];
+        let ns = namespaces(&clusters, &classes, &others);
+        let said = dry_run(&ns, &clusters, &classes);
+        assert_eq!(
+            said,
+            "handoff move -A would move 5 namespaces under one stop of both clusters, clusterctl once each, in this order:\n  \
+             infra: DevClusterIdentity infra/shared\n  \
+             kcp: Cluster kcp/wl3\n  \
+             team-a: Cluster team-a/wl1 (ClusterClass classes/quick-start)\n  \
+             team-b: Cluster team-b/wl2 (ClusterClass classes/quick-start)\n  \
+             classes: ClusterClass classes/quick-start\n\
+             Dry run: nothing was written.\n"
+        );
+        clusters[2].paused = true;
+        let said = dry_run(&ns, &clusters, &classes);
+        assert!(said.contains("would refuse: paused already, and not by handoff (clusterctl moves nothing paused): kcp/wl3"), "{said}");
+        clusters.push(cluster("classes/x", Some("team-a/own")));
+        let classes = [classes, vec![class("team-a/own")]].concat();
+        let ns = namespaces(&clusters, &classes, &[]);
+        assert!(dry_run(&ns, &clusters, &classes).starts_with(
+            "handoff move -A would refuse: the ClusterClasses of namespaces classes, team-a"
+        ));
     }
 
     #[test]
