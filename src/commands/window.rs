@@ -180,19 +180,7 @@ pub async fn move_cmd(a: MoveArgs) -> anyhow::Result<()> {
     let target = Cluster::new(target, Some(MoveRole::Target));
     let mut out = a.progress.reporter(false);
     let run = match a.all_namespaces {
-        true => {
-            let whole = window::WholeOptions {
-                window: opts.window,
-                flags: opts.flags,
-                clusterctl: opts.clusterctl,
-                abort: opts.abort,
-                open: opts.open,
-                close: opts.close,
-                poll: opts.poll,
-                step_label: opts.step_label,
-            };
-            window::whole_run(&source, &target, &whole, &mut out).await
-        }
+        true => window::whole_run(&source, &target, &opts, &mut out).await,
         false => window::move_run(&source, &target, &opts, &mut out).await,
     };
     run.map_err(|e| {

@@ -18,6 +18,43 @@ use crate::window::plan::move_next::Because;
 use crate::window::plan::move_plan::{self, BLOCK_MOVE};
 use std::ffi::OsString;
 
+/// clusterctl run to its end with the controllers stopped (a backup's, a restore's, each
+/// namespace's of a whole move), its output as a move's; `what` prefixes handoff's lines. How
+/// it ended is the caller's planner's to judge.
+pub async fn run_to_end(
+    c: &Cluster,
+    clusterctl: &std::path::Path,
+    args: Vec<OsString>,
+    what: &str,
+    out: &mut Progress,
+) -> Result<ExitStatus> {
+    out.say(format!(
+        "{what}: running {} {}",
+        clusterctl.display(),
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    let t = Instant::now();
+    let refused = |message: String| WindowError::Refused {
+        cluster: c.label.into(),
+        message,
+    };
+    let mut child = Child::spawn(clusterctl, args, out.format() == Format::Json)
+        .map_err(|e| refused(e.to_string()))?;
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| refused(format!("waiting for clusterctl: {e}")))?;
+    out.say(format!(
+        "{what}: clusterctl exited {} ({:.1}s)",
+        status.describe(),
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(status)
+}
+
 /// Remove handoff's block-move from every Cluster of `ns` that carries it (and only
 /// handoff's): it must never be copied to the target or hold the next move.
 pub async fn lift_block_move(

@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use super::cluster_api::{CLUSTERS, clusters_in, patch, scan};
 use crate::resources::move_window::MoveRecord;
 use crate::resources::phase::MovePhase;
-use crate::window::child::Child;
 use crate::window::close::{CloseOptions, close, say_removed};
 use crate::window::cluster::{Cluster, Result, WindowError, now, read_window, record};
 use crate::window::open::{OpenOptions, check, open, window_at_least_closed};
@@ -20,7 +19,7 @@ use crate::window::plan::directory_next::{
 };
 use crate::window::plan::directory_plan::{self, Direction, DirectoryFlags, Then};
 use crate::window::plan::move_next::Seen;
-use crate::window::progress::{Format, Progress};
+use crate::window::progress::Progress;
 use crate::window::runner::{self, Performer, Publish};
 use crate::window::user_agent::StepLabel;
 
@@ -393,31 +392,7 @@ async fn wait_unblocked(
 /// found: a failure is the planner's to record.
 async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<Found> {
     let args = directory_plan::clusterctl_args(&o.flags);
-    out.say(format!(
-        "handoff move: running {} {}",
-        o.clusterctl.display(),
-        args.iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(" ")
-    ));
-    let t = Instant::now();
-    let mut child =
-        Child::spawn(&o.clusterctl, args, out.format() == Format::Json).map_err(|e| {
-            WindowError::Refused {
-                cluster: c.label.into(),
-                message: e.to_string(),
-            }
-        })?;
-    let status = child.wait().await.map_err(|e| WindowError::Refused {
-        cluster: c.label.into(),
-        message: format!("waiting for clusterctl: {e}"),
-    })?;
-    out.say(format!(
-        "handoff move: clusterctl exited {} ({:.1}s)",
-        status.describe(),
-        t.elapsed().as_secs_f64()
-    ));
+    let status = super::clusterctl::run_to_end(c, &o.clusterctl, args, "handoff move", out).await?;
     let what = format!("{}: clusterctl move exited {}", c.label, status.describe());
     Ok(Found::Exited { status, what })
 }

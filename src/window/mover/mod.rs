@@ -12,7 +12,7 @@ mod steps;
 mod whole;
 
 pub use directory::{DirectoryOptions, run as directory_run};
-pub use whole::{WholeOptions, run as whole_run};
+pub use whole::run as whole_run;
 
 use crate::window::progress::Progress;
 use std::path::PathBuf;

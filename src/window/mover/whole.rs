@@ -3,12 +3,10 @@
 //! writes and runs). The record is the target's window's, as a move of one namespace keeps
 //! it, with each namespace's state.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
 use serde_json::json;
 use tokio::time::Instant;
 
+use super::MoveOptions;
 use super::cluster_api::{
     CLUSTER_CLASSES, CLUSTERS, clusters_in, every_class, every_cluster, move_hierarchy_roots,
     patch, scan,
@@ -16,7 +14,6 @@ use super::cluster_api::{
 use super::restore::unpause_saying;
 use crate::resources::move_window::{MoveRecord, MoveRole, NamespaceMove};
 use crate::resources::phase::MovePhase;
-use crate::window::child::Child;
 use crate::window::close::{CloseOptions, close, say_removed};
 use crate::window::cluster::{Cluster, Result, WindowError, now, read_window, record};
 use crate::window::open::{OpenOptions, check, open, window_at_least_closed};
@@ -28,29 +25,14 @@ use crate::window::plan::all_next::{
 use crate::window::plan::directory_plan;
 use crate::window::plan::move_next::Seen;
 use crate::window::plan::move_plan::{ClusterctlFlags, PAUSED_ANNOTATION, Paused, clusterctl_args};
-use crate::window::progress::{Format, Progress};
+use crate::window::progress::Progress;
 use crate::window::runner::{self, Performer, Publish};
-use crate::window::user_agent::StepLabel;
-
-#[derive(Debug, Clone)]
-pub struct WholeOptions {
-    pub window: String,
-    /// clusterctl's flags; `namespace` is set per run.
-    pub flags: ClusterctlFlags,
-    pub clusterctl: PathBuf,
-    pub abort: bool,
-    pub open: OpenOptions,
-    pub close: CloseOptions,
-    /// How often the source is read while the providers lift their block-moves.
-    pub poll: Duration,
-    pub step_label: StepLabel,
-}
 
 /// A whole move from start to end, its resumption, or its `--abort`.
 pub async fn run(
     source: &Cluster,
     target: &Cluster,
-    o: &WholeOptions,
+    o: &MoveOptions,
     out: &mut Progress,
 ) -> Result<()> {
     if o.flags.dry_run {
@@ -159,7 +141,7 @@ fn whole_record(r: &MoveRecord) -> WholeRecord {
 struct WholeRun<'a, 'o> {
     source: &'a Cluster,
     target: &'a Cluster,
-    o: &'a WholeOptions,
+    o: &'a MoveOptions,
     quiet: OpenOptions,
     started: Instant,
     out: &'o mut Progress,
@@ -418,31 +400,10 @@ impl WholeRun<'_, '_> {
             ..self.o.flags.clone()
         };
         let args = clusterctl_args(&flags);
-        self.out.say(format!(
-            "handoff move -A: namespace {namespace}: running {} {}",
-            self.o.clusterctl.display(),
-            args.iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join(" ")
-        ));
-        let t = Instant::now();
-        let json = self.out.format() == Format::Json;
-        let refused = |message: String| WindowError::Refused {
-            cluster: self.source.label.into(),
-            message,
-        };
-        let mut child =
-            Child::spawn(&self.o.clusterctl, args, json).map_err(|e| refused(e.to_string()))?;
-        let status = child
-            .wait()
-            .await
-            .map_err(|e| refused(format!("waiting for clusterctl: {e}")))?;
-        self.out.say(format!(
-            "handoff move -A: namespace {namespace}: clusterctl exited {} ({:.1}s)",
-            status.describe(),
-            t.elapsed().as_secs_f64()
-        ));
+        let prefix = format!("handoff move -A: namespace {namespace}");
+        let status =
+            super::clusterctl::run_to_end(self.source, &self.o.clusterctl, args, &prefix, self.out)
+                .await?;
         let what = format!(
             "clusterctl move -n {namespace} exited {}",
             status.describe()
