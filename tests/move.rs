@@ -805,7 +805,10 @@ fn handoff_move_all_namespaces_stops_once_and_an_abort_leaves_each_namespace_who
     let (ok, log) = all(&["--abort"], false);
     assert!(ok, "{log}");
     assert!(
-        log.contains("namespace one moved already and stays in the target"),
+        log.contains("namespace one moved already and stays in the target")
+            && log.contains(
+                "what clusterctl had copied of namespace two stays in the target, paused"
+            ),
         "{log}"
     );
     nothing_left(&source, "two");

@@ -168,7 +168,13 @@ impl Performer<WholePlanner> for WholeRun<'_, '_> {
         if reads.deleting {
             let rec = p.record.as_ref().expect("a recorded move to abort");
             let ns = rec.in_flight().unwrap_or_default();
-            seen.deleting = Seen::Read(self.deleting(ns, &rec.paused.clusters).await?);
+            let mut roots = rec.paused.clusters.clone();
+            roots.extend(rec.paused.classes.iter().cloned());
+            seen.deleting = Seen::Read(self.deleting(ns, &roots).await?);
+        }
+        if reads.target {
+            seen.target_clusters = Seen::Read(every_cluster(self.target).await?);
+            seen.target_classes = Seen::Read(every_class(self.target).await?);
         }
         if reads.version {
             let said = crate::window::child::version(&self.o.clusterctl)
@@ -203,7 +209,11 @@ impl Performer<WholePlanner> for WholeRun<'_, '_> {
             WholeStep::Moved {
                 namespace,
                 unpause_classes,
-            } => self.moved(namespace, unpause_classes).await?,
+                unpause_target,
+            } => {
+                self.moved(namespace, unpause_classes, unpause_target)
+                    .await?
+            }
             WholeStep::Fail(f) => self.fail(f).await?,
             WholeStep::Copied => self.note(|m| m.phase = MovePhase::Restoring).await?,
             WholeStep::RestoreTarget => self.restore(target, false).await?,
@@ -222,7 +232,11 @@ impl Performer<WholePlanner> for WholeRun<'_, '_> {
             }
             WholeStep::BeginAbort => self.note(|m| m.phase = MovePhase::Aborting).await?,
             WholeStep::Finish => self.finish().await?,
-            WholeStep::Aborted { moved } => self.aborted(moved).await?,
+            WholeStep::Aborted {
+                moved,
+                in_flight,
+                recorded,
+            } => self.aborted(moved, in_flight.as_deref(), *recorded).await?,
             WholeStep::Refuse(_) => {}
             WholeStep::Uninstall => {
                 say_removed(target, &self.o.window, self.out).await?;
@@ -411,7 +425,15 @@ impl WholeRun<'_, '_> {
         Ok(Found::Exited { status, what })
     }
 
-    async fn moved(&mut self, namespace: &str, unpause_classes: &[String]) -> Result<()> {
+    async fn moved(
+        &mut self,
+        namespace: &str,
+        unpause_classes: &[String],
+        unpause_target: &Paused,
+    ) -> Result<()> {
+        let why = "clusterctl's last step, unpausing the target, had not run";
+        let (clusters, classes) = (&unpause_target.clusters, &unpause_target.classes);
+        unpause_saying(self.target, clusters, classes, why, self.out).await?;
         self.note(|m| {
             if let Some(n) = m.namespaces.iter_mut().find(|n| n.name == namespace) {
                 n.state = crate::resources::move_window::NamespaceMoveState::Moved;
@@ -471,8 +493,20 @@ impl WholeRun<'_, '_> {
         Ok(())
     }
 
-    async fn aborted(&mut self, moved: &[String]) -> Result<()> {
-        self.note(|m| m.phase = MovePhase::Aborted).await?;
+    async fn aborted(
+        &mut self,
+        moved: &[String],
+        in_flight: Option<&str>,
+        recorded: bool,
+    ) -> Result<()> {
+        if recorded {
+            self.note(|m| m.phase = MovePhase::Aborted).await?;
+        }
+        if let Some(ns) = in_flight {
+            self.out.say(format!(
+                "handoff move -A --abort: what clusterctl had copied of namespace {ns} stays in the target, paused (it is whole in the source): kubectl --kubeconfig … -n {ns} get clusters.cluster.x-k8s.io"
+            ));
+        }
         self.out.say(match moved.is_empty() {
             true => "handoff move -A --abort: the controllers and the source's Clusters are back as they were".to_string(),
             false => format!(
@@ -486,7 +520,7 @@ impl WholeRun<'_, '_> {
     }
 
     /// Whether clusterctl had begun deleting `ns` from the source: an object marked or being
-    /// deleted, or a recorded Cluster of it gone from the source.
+    /// deleted, or a recorded Cluster or ClusterClass of it gone from the source.
     async fn deleting(&mut self, ns: &str, recorded: &[String]) -> Result<bool> {
         if ns.is_empty() {
             return Ok(false);
@@ -495,11 +529,12 @@ impl WholeRun<'_, '_> {
         if !s.deleting.is_empty() {
             return Ok(true);
         }
-        let now: Vec<String> = clusters_in(self.source, ns)
+        let mut now: Vec<String> = clusters_in(self.source, ns)
             .await?
             .into_iter()
             .map(|c| c.key)
             .collect();
+        now.extend(every_class(self.source).await?.into_iter().map(|c| c.key));
         Ok(recorded
             .iter()
             .filter(|k| crate::window::plan::move_plan::namespace_of(k) == ns)

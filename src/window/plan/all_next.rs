@@ -80,6 +80,14 @@ pub enum WholeRefusal {
         "every namespace is in the target already: an --abort has nothing to put back; run the same handoff move again to bring the controllers back"
     )]
     AbortCopied,
+    #[error(
+        "an --abort of this move is under way (phase Aborting): finish it with the same command and --abort before moving again"
+    )]
+    AbortUnfinished,
+    #[error(
+        "the move's record says phase {0:?}, which this handoff does not know: finish it with the handoff that wrote it"
+    )]
+    UnknownPhase(String),
 }
 
 /// What the source holds now, read where the planner asks (`reads`).
@@ -95,6 +103,9 @@ pub struct WholeSeen {
     pub deleting: Seen<bool>,
     /// What `clusterctl version -o short` said: a move that begins.
     pub version: Seen<String>,
+    /// Every Cluster and ClusterClass of the target: after clusterctl moved a namespace.
+    pub target_clusters: Seen<Vec<ClusterSeen>>,
+    pub target_classes: Seen<Vec<ClusterSeen>>,
 }
 
 /// What the user asked.
@@ -133,6 +144,10 @@ pub enum WholeStep names WholeStepName {
     Moved {
         namespace: String,
         unpause_classes: Vec<String>,
+        /// What is paused in the target of what handoff recorded: clusterctl unpauses the
+        /// target as its last step, which a run killed before it never took (a re-run then
+        /// finds nothing left in the source to unpause).
+        unpause_target: Paused,
     },
     /// Record why clusterctl failed on a namespace, and end with it: both clusters stay
     /// stopped, and the same command goes on from that namespace.
@@ -150,8 +165,13 @@ pub enum WholeStep names WholeStepName {
     BeginAbort,
     /// Record the move done and report it, namespace by namespace.
     Finish,
-    /// Record the `--abort` done, naming the namespaces that stay in the target.
-    Aborted { moved: Vec<String> },
+    /// Record the `--abort` done (where a move was under way), naming the namespaces that
+    /// stay in the target, and the one whose partial copy stays paused there.
+    Aborted {
+        moved: Vec<String>,
+        in_flight: Option<String>,
+        recorded: bool,
+    },
     /// Stop, writing nothing more, and say why.
     Refuse(WholeRefusal),
     /// Remove what the windows brought along where nothing of handoff was installed.
@@ -189,6 +209,8 @@ pub enum WholeAt {
     Copied,
     TargetBack,
     SourceBack,
+    /// A step before the stop failed: `BeginAbort` next, then the way back.
+    FailedBeforeStop,
     /// An `--abort` recorded under way.
     Aborting,
     PutBack,
@@ -237,6 +259,7 @@ pub struct WholeReads {
     pub clusters: bool,
     pub deleting: bool,
     pub version: bool,
+    pub target: bool,
 }
 
 /// A whole move's planner: what the user asked, and the target's record as read before the
@@ -299,6 +322,7 @@ impl WholePlanner {
                 clusters: true,
                 deleting: self.asked.abort && live.is_some_and(|rec| rec.in_flight().is_some()),
                 version: live.is_none() && !self.asked.abort,
+                target: false,
             },
             // What is recorded is the source as read right before the record.
             WholeAt::Checked => WholeReads {
@@ -306,7 +330,12 @@ impl WholePlanner {
                 clusters: true,
                 ..WholeReads::default()
             },
-            WholeAt::Stopped | WholeAt::SourceBack | WholeAt::Ran => WholeReads {
+            WholeAt::Ran => WholeReads {
+                clusters: true,
+                target: true,
+                ..WholeReads::default()
+            },
+            WholeAt::Stopped | WholeAt::SourceBack => WholeReads {
                 clusters: true,
                 ..WholeReads::default()
             },
@@ -317,20 +346,21 @@ impl WholePlanner {
     fn step(&self, seen: &WholeSeen, r: &WholeReached) -> WholeStep {
         match r.at {
             WholeAt::Begun => self.begin(seen, self.record.as_ref()),
-            WholeAt::Checked => {
-                let order = seen
-                    .order
-                    .get("the namespaces in order")
-                    .clone()
-                    .expect("checked");
-                WholeStep::Record {
-                    namespaces: order,
+            // Read again for the record: what changed since the checks is judged again.
+            WholeAt::Checked => match self.refusal(seen) {
+                Some(refuse) => refuse,
+                None => WholeStep::Record {
+                    namespaces: seen
+                        .order
+                        .get("the namespaces in order")
+                        .clone()
+                        .unwrap_or_default(),
                     paused: Paused {
                         clusters: keys(seen.clusters.get("every Cluster")),
                         classes: keys(seen.classes.get("every ClusterClass")),
                     },
-                }
-            }
+                },
+            },
             WholeAt::Recorded => WholeStep::Pause(self.recorded(r).paused.clone()),
             WholeAt::Paused => WholeStep::WaitUnblocked,
             WholeAt::Unblocked => WholeStep::Stop,
@@ -342,8 +372,13 @@ impl WholePlanner {
                 None => WholeStep::Copied,
             },
             WholeAt::Ran => WholeStep::Moved {
-                namespace: self.recorded(r).in_flight().expect("ran one").to_string(),
+                namespace: self.recorded(r).in_flight().unwrap_or_default().to_string(),
                 unpause_classes: now_paused(seen, &self.recorded(r).paused).classes,
+                unpause_target: paused_in(
+                    seen.target_clusters.get("the target's Clusters"),
+                    seen.target_classes.get("the target's ClusterClasses"),
+                    &self.recorded(r).paused,
+                ),
             },
             WholeAt::Failed => match &r.ended {
                 Ended::Failed(f) => WholeStep::Fail(f.clone()),
@@ -357,10 +392,13 @@ impl WholePlanner {
                 WholeStep::PutBack(now_paused(seen, &self.recorded(r).paused))
             }
             WholeAt::SourceBack => WholeStep::Finish,
+            WholeAt::FailedBeforeStop => WholeStep::BeginAbort,
             WholeAt::Aborting => WholeStep::RestoreTarget,
             // A run that failed before the stop is over once put back: recorded as undone.
             WholeAt::PutBack => WholeStep::Aborted {
                 moved: moved(self.recorded(r)),
+                in_flight: self.recorded(r).in_flight().map(String::from),
+                recorded: true,
             },
             WholeAt::Ending => WholeStep::Uninstall,
             WholeAt::Uninstalled => WholeStep::Done,
@@ -371,37 +409,50 @@ impl WholePlanner {
     fn begin(&self, seen: &WholeSeen, record: Option<&WholeRecord>) -> WholeStep {
         let live = record.filter(|r| !r.phase.is_over());
         match (live, self.asked.abort) {
-            (None, true) => WholeStep::Aborted { moved: Vec::new() },
+            (None, true) => WholeStep::Aborted {
+                moved: Vec::new(),
+                in_flight: None,
+                recorded: false,
+            },
             (None, false) => self.fresh(seen),
             (Some(r), true) => match r.in_flight() {
                 Some(ns) if *seen.deleting.get("whether clusterctl had begun deleting") => {
                     WholeStep::Refuse(WholeRefusal::AbortPast(ns.to_string()))
                 }
-                _ if r.phase == MovePhase::Restoring => {
+                // Every namespace moved: nothing to put back.
+                _ if r.phase == MovePhase::Restoring || r.next_namespace().is_none() => {
                     WholeStep::Refuse(WholeRefusal::AbortCopied)
                 }
                 _ => WholeStep::BeginAbort,
             },
-            (Some(r), false) => match r.phase {
+            (Some(r), false) => match &r.phase {
                 // Nothing stopped yet: pause again (idempotent) and go on.
                 MovePhase::Moving => WholeStep::Pause(r.paused.clone()),
                 MovePhase::Restoring => WholeStep::RestoreTarget,
+                MovePhase::Aborting => WholeStep::Refuse(WholeRefusal::AbortUnfinished),
+                MovePhase::Unknown(p) => WholeStep::Refuse(WholeRefusal::UnknownPhase(p.clone())),
                 // From the stop on: take and prove both again, whatever a run before did.
                 _ => WholeStep::Stop,
             },
         }
     }
 
-    fn fresh(&self, seen: &WholeSeen) -> WholeStep {
+    /// Why the source as read cannot be moved whole: no order, or something paused already.
+    fn refusal(&self, seen: &WholeSeen) -> Option<WholeStep> {
         if let Err(e) = seen.order.get("the namespaces in order") {
-            return WholeStep::Refuse(e.clone().into());
+            return Some(WholeStep::Refuse(e.clone().into()));
         }
         let paused = Paused {
             clusters: keys_paused(seen.clusters.get("every Cluster")),
             classes: keys_paused(seen.classes.get("every ClusterClass")),
         };
-        if !(paused.clusters.is_empty() && paused.classes.is_empty()) {
-            return WholeStep::Refuse(WholeRefusal::Paused(paused));
+        (!(paused.clusters.is_empty() && paused.classes.is_empty()))
+            .then_some(WholeStep::Refuse(WholeRefusal::Paused(paused)))
+    }
+
+    fn fresh(&self, seen: &WholeSeen) -> WholeStep {
+        if let Some(refuse) = self.refusal(seen) {
+            return refuse;
         }
         match move_plan::block_move_honoured(seen.version.get("clusterctl's version")) {
             Ok(()) => WholeStep::Check { warn: None },
@@ -426,7 +477,7 @@ impl WholePlanner {
                 // The controllers back (the stop may have taken some), then the source
                 // unpaused, then the record says the move was undone.
                 r.failed_before_stop = Some(e.to_string());
-                r.at = WholeAt::Aborting;
+                r.at = WholeAt::FailedBeforeStop;
                 return Verdict::GoOn;
             }
             Observation::Failed(_) => return Verdict::End,
@@ -546,18 +597,27 @@ fn moved(r: &WholeRecord) -> Vec<String> {
         .collect()
 }
 
-/// Of `recorded`, what is paused now.
-fn now_paused(seen: &WholeSeen, recorded: &Paused) -> Paused {
-    let paused_now = |v: &[ClusterSeen], keys: &[String]| -> Vec<String> {
+/// Of `recorded`, what is paused in these Clusters and ClusterClasses.
+fn paused_in(clusters: &[ClusterSeen], classes: &[ClusterSeen], recorded: &Paused) -> Paused {
+    let paused = |v: &[ClusterSeen], keys: &[String]| -> Vec<String> {
         v.iter()
             .filter(|c| c.paused && keys.contains(&c.key))
             .map(|c| c.key.clone())
             .collect()
     };
     Paused {
-        clusters: paused_now(seen.clusters.get("every Cluster"), &recorded.clusters),
-        classes: paused_now(seen.classes.get("every ClusterClass"), &recorded.classes),
+        clusters: paused(clusters, &recorded.clusters),
+        classes: paused(classes, &recorded.classes),
     }
+}
+
+/// Of `recorded`, what is paused now in the source.
+fn now_paused(seen: &WholeSeen, recorded: &Paused) -> Paused {
+    paused_in(
+        seen.clusters.get("every Cluster"),
+        seen.classes.get("every ClusterClass"),
+        recorded,
+    )
 }
 
 #[cfg(test)]

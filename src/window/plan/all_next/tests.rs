@@ -10,6 +10,9 @@ use crate::window::plan::planner::ExitStatus;
 struct World {
     clusters: Vec<ClusterSeen>,
     classes: Vec<ClusterSeen>,
+    /// The target's Clusters and ClusterClasses.
+    target: Vec<ClusterSeen>,
+    target_classes: Vec<ClusterSeen>,
     /// clusterctl's exit code for a namespace's run, where it fails.
     fails_on: Option<&'static str>,
     deleting: bool,
@@ -40,6 +43,8 @@ fn management_cluster() -> World {
             cluster("team-b/wl2", Some("classes/quick-start")),
         ],
         classes: vec![class("classes/quick-start")],
+        target: Vec::new(),
+        target_classes: Vec::new(),
         fails_on: None,
         deleting: false,
         version: "v1.13.0",
@@ -70,11 +75,21 @@ impl World {
                 true => Seen::Read(self.version.to_string()),
                 false => Seen::NotRead,
             },
+            target_clusters: read(reads.target, self.target.clone()),
+            target_classes: read(reads.target, self.target_classes.clone()),
         }
     }
 
     fn set_paused(&mut self, keys: &[String], paused: bool) {
         for c in self.clusters.iter_mut().chain(self.classes.iter_mut()) {
+            if keys.contains(&c.key) {
+                c.paused = paused;
+            }
+        }
+    }
+
+    fn set_paused_in_target(&mut self, keys: &[String], paused: bool) {
+        for c in self.target.iter_mut().chain(self.target_classes.iter_mut()) {
             if keys.contains(&c.key) {
                 c.paused = paused;
             }
@@ -91,7 +106,26 @@ impl World {
             .filter(|c| of(&c.key) == ns)
             .filter_map(|c| c.class.clone())
             .collect();
-        self.clusters.retain(|c| of(&c.key) != ns);
+        let (going, staying): (Vec<ClusterSeen>, Vec<ClusterSeen>) =
+            self.clusters.drain(..).partition(|c| of(&c.key) == ns);
+        self.clusters = staying;
+        self.target.extend(
+            going
+                .into_iter()
+                .map(|c| ClusterSeen { paused: false, ..c }),
+        );
+        for c in self
+            .classes
+            .iter()
+            .filter(|c| of(&c.key) == ns || used.contains(&c.key))
+        {
+            if !self.target_classes.iter().any(|t| t.key == c.key) {
+                self.target_classes.push(ClusterSeen {
+                    paused: false,
+                    ..c.clone()
+                });
+            }
+        }
         let still_used: Vec<String> = self
             .clusters
             .iter()
@@ -151,8 +185,14 @@ fn walk(
                 world.set_paused(&p.classes, false);
             }
             WholeStep::Moved {
-                unpause_classes, ..
-            } => world.set_paused(unpause_classes, false),
+                unpause_classes,
+                unpause_target,
+                ..
+            } => {
+                world.set_paused(unpause_classes, false);
+                world.set_paused_in_target(&unpause_target.clusters, false);
+                world.set_paused_in_target(&unpause_target.classes, false);
+            }
             WholeStep::Clusterctl { namespace } => {
                 let code = match world.fails_on == Some(namespace.as_str()) {
                     true => 1,
@@ -190,11 +230,20 @@ fn names(w: &Walk) -> Vec<String> {
             WholeStep::Moved {
                 namespace,
                 unpause_classes,
-            } if unpause_classes.is_empty() => format!("Moved {namespace}"),
-            WholeStep::Moved {
-                namespace,
-                unpause_classes,
-            } => format!("Moved {namespace}, unpausing {}", unpause_classes.join(",")),
+                unpause_target,
+            } => {
+                let mut s = format!("Moved {namespace}");
+                if !unpause_classes.is_empty() {
+                    s += &format!(", unpausing {}", unpause_classes.join(","));
+                }
+                if !unpause_target.clusters.is_empty() {
+                    s += &format!(
+                        ", unpausing in the target {}",
+                        unpause_target.clusters.join(",")
+                    );
+                }
+                s
+            }
             s => s.name().as_str().to_string(),
         })
         .collect()
@@ -398,7 +447,9 @@ fn an_abort_puts_back_the_namespace_in_flight_and_leaves_the_moved_in_the_target
     assert_eq!(
         w.steps[4],
         WholeStep::Aborted {
-            moved: vec!["kcp".into()]
+            moved: vec!["kcp".into()],
+            in_flight: Some("team-a".into()),
+            recorded: true,
         }
     );
     assert!(w.world.clusters.iter().all(|c| !c.paused));
@@ -438,6 +489,7 @@ fn a_failure_before_the_stop_puts_the_source_back_and_records_the_move_undone() 
         names(&w)[3..],
         [
             "WaitUnblocked",
+            "BeginAbort",
             "RestoreTarget",
             "RestoreSource",
             "PutBack",
@@ -487,5 +539,116 @@ fn states_are_recorded_as_clusterctl_goes() {
             ("team-b".into(), NamespaceState::Pending),
             ("classes".into(), NamespaceState::Pending),
         ]
+    );
+}
+
+#[test]
+fn a_run_killed_before_clusterctl_unpaused_the_target_unpauses_it_there() {
+    // clusterctl deleted team-a from the source and was killed before its last step.
+    let mut world = management_cluster();
+    world.clusterctl("kcp");
+    world.clusterctl("team-a");
+    world.set_paused_in_target(&["team-a/wl1".into()], true);
+    world.set_paused(&["team-b/wl2".into()], true);
+    let w = walk(
+        false,
+        Some(left(MovePhase::Copying, &["kcp"], Some("team-a"))),
+        world,
+        None,
+    );
+    assert_eq!(
+        names(&w)[..4],
+        [
+            "Stop",
+            "Unpause",
+            "Clusterctl team-a",
+            // The class it paused was unpaused before clusterctl ran again, which found
+            // nothing of team-a left to pause.
+            "Moved team-a, unpausing in the target team-a/wl1"
+        ]
+    );
+    assert!(
+        w.world.target.iter().all(|c| !c.paused),
+        "{:?}",
+        w.world.target
+    );
+    assert_eq!(w.reached.ended, Ended::Done);
+}
+
+#[test]
+fn an_abort_with_every_namespace_moved_or_one_unfinished_is_refused_and_says_why() {
+    let w = walk(
+        true,
+        Some(left(
+            MovePhase::Copying,
+            &["kcp", "team-a", "team-b", "classes"],
+            None,
+        )),
+        World {
+            clusters: vec![],
+            classes: vec![],
+            ..management_cluster()
+        },
+        None,
+    );
+    assert_eq!(w.reached.ended, Ended::Refused(WholeRefusal::AbortCopied));
+
+    let w = walk(
+        false,
+        Some(left(MovePhase::Aborting, &["kcp"], None)),
+        management_cluster(),
+        None,
+    );
+    assert_eq!(
+        w.reached.ended,
+        Ended::Refused(WholeRefusal::AbortUnfinished)
+    );
+
+    // An --abort of a move recorded done changes no record.
+    let w = walk(
+        true,
+        Some(left(
+            MovePhase::Done,
+            &["kcp", "team-a", "team-b", "classes"],
+            None,
+        )),
+        management_cluster(),
+        None,
+    );
+    assert_eq!(
+        w.steps[0],
+        WholeStep::Aborted {
+            moved: vec![],
+            in_flight: None,
+            recorded: false
+        }
+    );
+}
+
+#[test]
+fn what_changed_between_the_checks_and_the_record_is_judged_again() {
+    // The checks pass; a Cluster is paused by someone else before the record is written.
+    let p = WholePlanner {
+        asked: WholeAsked::default(),
+        record: None,
+    };
+    let mut world = management_cluster();
+    let mut reached = WholeReached::default();
+    let step = p.next(&world.seen(p.reads(&reached)), &reached);
+    assert!(matches!(step, WholeStep::Check { .. }), "{step:?}");
+    p.observe(&mut reached, &step, Observation::Done(Found::Nothing));
+    world.set_paused(&["kcp/wl3".into()], true);
+    let step = p.next(&world.seen(p.reads(&reached)), &reached);
+    assert!(
+        matches!(step, WholeStep::Refuse(WholeRefusal::Paused(_))),
+        "{step:?}"
+    );
+    // Or everything is gone: refused, not a panic.
+    world.clusters.clear();
+    world.classes.clear();
+    let step = p.next(&world.seen(p.reads(&reached)), &reached);
+    assert_eq!(
+        step,
+        WholeStep::Refuse(WholeRefusal::Order(AllRefusal::Nothing))
     );
 }
