@@ -462,8 +462,8 @@ impl WholePlanner {
     }
 
     fn heard(&self, r: &mut WholeReached, step: &WholeStep, o: Observation<'_, Found>) -> Verdict {
-        let found = match o {
-            Observation::Done(found) => found,
+        match o {
+            Observation::Done(found) => self.done(r, step, found),
             // A run that paused and had not stopped yet puts the source back, then ends with
             // the error; from the stop on, the same command goes on where it stopped.
             Observation::Failed(e)
@@ -478,11 +478,15 @@ impl WholePlanner {
                 // unpaused, then the record says the move was undone.
                 r.failed_before_stop = Some(e.to_string());
                 r.at = WholeAt::FailedBeforeStop;
-                return Verdict::GoOn;
+                Verdict::GoOn
             }
-            Observation::Failed(_) => return Verdict::End,
-            Observation::Cut(_) => return Verdict::GoOn,
-        };
+            Observation::Failed(_) => Verdict::End,
+            Observation::Cut(_) => Verdict::GoOn,
+        }
+    }
+
+    /// Where a step that ran to its end leaves the run, and what it wrote to the record.
+    fn done(&self, r: &mut WholeReached, step: &WholeStep, found: Found) -> Verdict {
         r.at = match step {
             WholeStep::Check { .. } => WholeAt::Checked,
             WholeStep::Record { namespaces, paused } => {
