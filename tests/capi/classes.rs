@@ -409,6 +409,11 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
         runs.len() == 2 && runs[0] < runs[1],
         "clusterctl on team-b, then classes:\n{log}"
     );
+    // One stop of each cluster for both namespaces: each window opened once.
+    for c in ["source", "target"] {
+        let opened = format!("{c}: MoveWindow move-all-namespaces is Open");
+        assert_eq!(log.matches(&opened).count(), 1, "{opened:?} once:\n{log}");
+    }
     assert!(paused(&src).is_empty(), "{:?}", paused(&src));
     assert!(
         names(&src, "classes", "clusterclasses.cluster.x-k8s.io").is_empty(),

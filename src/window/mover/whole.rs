@@ -47,10 +47,7 @@ pub async fn run(
         );
         return Ok(());
     }
-    let rec = read_window(target, &o.window)
-        .await?
-        .and_then(|w| w.status)
-        .and_then(|s| s.move_record);
+    let rec = super::read_record(target, &o.window).await?;
     let record = match rec {
         Some(r) if !r.phase.is_over() && r.namespaces.is_empty() => {
             return Err(WindowError::Refused {
@@ -261,17 +258,10 @@ impl WholeRun<'_, '_> {
         }
     }
 
-    /// Change the target's record, where its window is there (an `--abort` may find none).
+    /// Change the target's record, where there is one (an `--abort` may find none): the move's
+    /// own `note`, one read-modify-write.
     async fn note(&self, f: impl Fn(&mut MoveRecord)) -> Result<()> {
-        let (c, window) = (self.target, &self.o.window);
-        if read_window(c, window).await?.is_none() {
-            return Ok(());
-        }
-        record(c, window, |s| {
-            f(s.move_record.get_or_insert_with(MoveRecord::default))
-        })
-        .await
-        .map(|_| ())
+        super::note(self.target, &self.o.window, f).await
     }
 
     /// The target's window and the move's record, before the first write a put-back undoes.
@@ -374,12 +364,8 @@ impl WholeRun<'_, '_> {
     }
 
     async fn read_record(&self) -> Result<WholeRecord> {
-        let r = read_window(self.target, &self.o.window)
-            .await?
-            .and_then(|w| w.status)
-            .and_then(|s| s.move_record)
-            .unwrap_or_default();
-        Ok(whole_record(&r))
+        let r = super::read_record(self.target, &self.o.window).await?;
+        Ok(whole_record(&r.unwrap_or_default()))
     }
 
     /// Both clusters stopped as `window open` stops them, at once (nothing runs clusterctl

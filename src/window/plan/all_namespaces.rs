@@ -203,10 +203,10 @@ pub fn dry_run(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn cluster(key: &str, class: Option<&str>) -> ClusterSeen {
+    pub(crate) fn cluster(key: &str, class: Option<&str>) -> ClusterSeen {
         ClusterSeen {
             key: key.into(),
             class: class.map(String::from),
@@ -214,7 +214,7 @@ mod tests {
         }
     }
 
-    fn class(key: &str) -> ClusterSeen {
+    pub(crate) fn class(key: &str) -> ClusterSeen {
         ClusterSeen {
             key: key.into(),
             ..ClusterSeen::default()

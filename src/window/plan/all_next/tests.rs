@@ -2,6 +2,7 @@
 //! given only what `reads` asked for (`Seen::NotRead` panics where it looks at more).
 
 use super::*;
+use crate::window::plan::all_namespaces::tests::{class, cluster};
 use crate::window::plan::all_namespaces::{namespaces, order};
 use crate::window::plan::declare::StepName as _;
 use crate::window::plan::planner::ExitStatus;
@@ -17,21 +18,6 @@ struct World {
     fails_on: Option<&'static str>,
     deleting: bool,
     version: &'static str,
-}
-
-fn cluster(key: &str, class: Option<&str>) -> ClusterSeen {
-    ClusterSeen {
-        key: key.into(),
-        class: class.map(String::from),
-        ..ClusterSeen::default()
-    }
-}
-
-fn class(key: &str) -> ClusterSeen {
-    ClusterSeen {
-        key: key.into(),
-        ..ClusterSeen::default()
-    }
 }
 
 /// Issue 52's shape: a class namespace, two teams on its class, a KCP Cluster of its own.
