@@ -11,6 +11,9 @@
 # MODE=directory does a backup and a restore instead of step 3: `clusterctl move -n plain
 # --to-directory`, then `handoff move -n many --to-directory`, each timed; then each folder
 # restored into the second management cluster, plain first (`--from-directory`), each timed.
+# MODE=whole moves a whole management cluster instead, plain clusterctl namespace by namespace
+# against `handoff move -A` and one `handoff move` per namespace, RUNS (default 3) times each,
+# with nothing of handoff installed (benches/capi_whole.sh).
 # Everything runs in a network namespace of its own and is stopped at the end (KEEP=1 keeps it).
 # Needs root, kubectl, python3 with PyYAML, iproute2, util-linux, xz-utils, openssl; cargo build
 # first (target/debug/handoff). Prints a summary line per figure; the full logs stay in $W.
@@ -36,12 +39,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
+[[ ${MODE:-move} == whole ]] && export FEATURE_GATES=ClusterTopology=true
 "$S/up.sh" "$W/src" src >"$W/src.kc" 2>"$W/up-src.log" & a=$!
 "$S/up.sh" "$W/dst" dst >"$W/dst.kc" 2>"$W/up-dst.log" & b=$!
 wait $a && wait $b || { cat "$W"/up-*.log; exit 1; }
 SRC=$(cat "$W/src.kc") DST=$(cat "$W/dst.kc")
 say "two management clusters up"
 
+if [[ ${MODE:-move} != whole ]]; then
 cp -r "$HERE/manifests" "$W/manifests"
 "$H" certs --out "$W/manifests/overlays/local/certs" --ip 127.0.0.1 --dns localhost >/dev/null
 port=18443
@@ -65,6 +70,7 @@ for ns in many plain; do
 done
 for p in "${pids[@]}"; do wait "$p" || { tail -n 5 "$W"/workload-*.log; exit 1; }; done
 say "$N workload clusters in each of namespaces many and plain"
+fi
 
 # `handoff move ARGS…` with kube's debug log (every request) into $W/handoff-move.log, timed
 # into $took; its memory and its clusterctl's (max RSS) at the end of the log.
@@ -100,6 +106,11 @@ requests() {
   say "handoff's API requests: $(awk '{s+=$1} END {print s}' "$2") in all; the most frequent:"
   head -15 "$2" | sed 's/^/  /'
 }
+
+if [[ ${MODE:-move} == whole ]]; then
+  # shellcheck source=benches/capi_whole.sh
+  source "$HERE/benches/capi_whole.sh"
+fi
 
 if [[ ${MODE:-move} == directory ]]; then
   mkdir -p "$W/plain" "$W/many"

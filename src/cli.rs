@@ -98,8 +98,10 @@ pub struct MoveArgs {
     /// Every namespace of the source that holds a Cluster, a ClusterClass or an object of a
     /// kind labelled for clusterctl's move hierarchy, under one stop of both clusters:
     /// clusterctl once per namespace, each namespace whose Clusters use a ClusterClass of
-    /// another before that one (window: move-all-namespaces).
-    #[arg(long, short = 'A', conflicts_with_all = ["namespace", "to_directory", "from_directory"])]
+    /// another before that one (window: move-all-namespaces). With `--to-directory`, each such
+    /// namespace into a folder of its own under one stop (window: backup-all-namespaces); with
+    /// `--from-directory`, each folder of it, a namespace's backup.
+    #[arg(long, short = 'A', conflicts_with = "namespace")]
     pub all_namespaces: bool,
     /// Passed to clusterctl; handoff prints its plan and writes nothing.
     #[arg(long)]

@@ -809,3 +809,36 @@ fn certs_default_names_are_the_manifests_services() {
         );
     }
 }
+
+/// `-A --from-directory` restores the folders of a whole backup: a folder holding none is
+/// refused before any cluster is reached, and nothing is written to it; `-A` names no namespace.
+#[test]
+fn a_whole_restore_needs_the_folders_of_a_whole_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    // A cluster nobody serves: the refusal must come before any request.
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user: {token: t}\n",
+    )
+    .unwrap();
+    let backup = dir.path().join("backup");
+    std::fs::create_dir(&backup).unwrap();
+    std::fs::write(backup.join("Cluster_team-a_a1.yaml"), "kind: Cluster\n").unwrap();
+    let (ok, _, err) = run(handoff()
+        .args(["move", "-A", "--to-kubeconfig"])
+        .arg(&kubeconfig)
+        .arg("--from-directory")
+        .arg(&backup));
+    assert!(!ok);
+    assert!(
+        err.contains("holds no folder of a namespace")
+            && err.contains("without -A it restores the folder itself"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&backup).unwrap().count(), 1);
+    let (ok, _, err) = run(handoff()
+        .args(["move", "-A", "-n", "team-a", "--to-kubeconfig"])
+        .arg(&kubeconfig));
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+}

@@ -243,22 +243,52 @@ async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
         client_and_namespace(kubeconfig.as_deref(), context.as_deref(), &label)
             .await
             .context(flag)?;
-    let (direction, directory, default_window) =
-        match (a.to_directory.clone(), a.from_directory.clone()) {
-            (Some(d), _) => {
-                let namespace = a.namespace.clone().unwrap_or(context_ns);
-                let w = format!("backup-{namespace}");
-                (Direction::Backup { namespace }, d, w)
+    let c = Cluster::new(client, Some(role));
+    let (direction, directory, default_window) = match (
+        a.to_directory.clone(),
+        a.from_directory.clone(),
+    ) {
+        (Some(d), _) if a.all_namespaces => {
+            let namespaces = window::whole_namespaces(&c)
+                .await
+                .with_context(|| format!("API server {server}"))?;
+            if namespaces.is_empty() {
+                anyhow::bail!(
+                    "--all-namespaces: no namespace of the cluster holds a Cluster, a ClusterClass or an object of a kind clusterctl moves: nothing to back up"
+                );
             }
-            (None, Some(d)) => (Direction::Restore, d, "restore".to_string()),
-            (None, None) => unreachable!("directory_cmd runs for a directory"),
-        };
-    let name = a.window.clone().unwrap_or(default_window);
-    let what = match direction {
-        Direction::Backup { ref namespace } => {
-            format!("handoff move --to-directory of namespace {namespace}")
+            let w = "backup-all-namespaces".to_string();
+            (Direction::Backup { namespaces }, d, w)
         }
-        Direction::Restore => format!("handoff move --from-directory {}", directory.display()),
+        (Some(d), _) => {
+            let namespace = a.namespace.clone().unwrap_or(context_ns);
+            let w = format!("backup-{namespace}");
+            let namespaces = vec![namespace];
+            (Direction::Backup { namespaces }, d, w)
+        }
+        (None, Some(d)) => {
+            let namespaces = match a.all_namespaces {
+                true => namespace_folders(&d)?,
+                false => Vec::new(),
+            };
+            (Direction::Restore { namespaces }, d, "restore".to_string())
+        }
+        (None, None) => unreachable!("directory_cmd runs for a directory"),
+    };
+    let name = a.window.clone().unwrap_or(default_window);
+    let what = match (&direction, a.all_namespaces) {
+        (Direction::Backup { namespaces }, _) => {
+            format!(
+                "handoff move --to-directory of namespace{} {}",
+                if namespaces.len() == 1 { "" } else { "s" },
+                namespaces.join(", ")
+            )
+        }
+        (Direction::Restore { .. }, whole) => format!(
+            "handoff move --from-directory {}{}",
+            directory.display(),
+            if whole { " --all-namespaces" } else { "" }
+        ),
     };
     let window_options = window_options(&a, name.clone(), Some(what));
     let opts = window::DirectoryOptions {
@@ -268,6 +298,7 @@ async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
             directory,
             kubeconfig,
             context,
+            whole: a.all_namespaces,
         },
         clusterctl: a.clusterctl,
         abort: a.abort,
@@ -276,7 +307,6 @@ async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
         poll: handoff::window::MOVE_POLL,
         step_label: label.clone(),
     };
-    let c = Cluster::new(client, Some(role));
     let mut out = a.progress.reporter(false);
     window::directory_run(&c, &opts, &mut out)
         .await
@@ -288,6 +318,28 @@ async fn directory_cmd(a: MoveArgs) -> anyhow::Result<()> {
                 false => e,
             }
         })
+}
+
+/// `-A --from-directory DIR`: the namespaces whose backups DIR holds, a folder each (as
+/// `-A --to-directory` writes them), by name.
+fn namespace_folders(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let mut namespaces = Vec::new();
+    for entry in
+        std::fs::read_dir(dir).with_context(|| format!("--from-directory {}", dir.display()))?
+    {
+        let entry = entry.with_context(|| format!("--from-directory {}", dir.display()))?;
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            namespaces.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    namespaces.sort();
+    if namespaces.is_empty() {
+        anyhow::bail!(
+            "--from-directory {} --all-namespaces: the folder holds no folder of a namespace (`handoff move -A --to-directory` writes one per namespace); without -A it restores the folder itself",
+            dir.display()
+        );
+    }
+    Ok(namespaces)
 }
 
 /// How a move's (or a backup's, or a restore's) window is opened and closed, from its flags.

@@ -87,6 +87,24 @@ pub async fn version(clusterctl: &Path) -> Result<String, ChildError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// clusterctl run to its end for what it prints (a dry run's log: it logs to standard error),
+/// both streams together; whether it exited 0.
+pub async fn output(
+    clusterctl: &Path,
+    args: Vec<std::ffi::OsString>,
+) -> Result<(bool, String), ChildError> {
+    let out = tokio::process::Command::new(clusterctl)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| ChildError::CannotRun(clusterctl.display().to_string(), e))?;
+    let mut said = String::from_utf8_lossy(&out.stderr).into_owned();
+    said.push_str(&String::from_utf8_lossy(&out.stdout));
+    Ok((out.status.success(), said))
+}
+
 pub struct Child {
     child: tokio::process::Child,
     pid: Option<i32>,

@@ -31,6 +31,7 @@ pub use cluster::preflight::preflight;
 pub use cluster::status::{DeploymentReport, LeaseReport, WindowReport, render_table, status};
 pub use cluster::{Cluster, Finding, Label, On, WindowError};
 pub use mover::{
-    DirectoryOptions, MOVE_POLL, MoveOptions, directory_run, run as move_run, whole_run,
+    DirectoryOptions, MOVE_POLL, MoveOptions, directory_run, run as move_run, whole_namespaces,
+    whole_run,
 };
 pub use open::{OPEN_POLL, OpenOptions, check, open, plan_open};

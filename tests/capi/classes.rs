@@ -12,9 +12,13 @@
 //! handoff: team-a's move killed mid-copy (clusterctl's first MachineSet in the target) is
 //! finished by the same command (the class clusterctl paused is put back before clusterctl
 //! runs again); the class's namespace is refused while team-b's Cluster still uses it; then
-//! `handoff move --all-namespaces` moves what is left, team-b and then the class's namespace,
-//! under one stop of both clusters; every Cluster is re-provisioned by the target's
-//! controllers, and nothing is left paused in either cluster.
+//! `handoff move --all-namespaces` moves what is left (`whole.rs`): a KubeadmControlPlane
+//! Cluster without a class in `legacy`, team-b, then the class's namespace, under one stop of
+//! both clusters, killed between legacy and team-b, then inside team-b, and finished by the same
+//! command; every Cluster is
+//! re-provisioned by the target's controllers, nothing is left paused in either cluster, and
+//! the cluster-scoped SiteIdentity is in both. Last, the target is backed up whole, lost, and
+//! restored whole into the first cluster.
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -24,6 +28,7 @@ use crate::support;
 use crate::support::apiserver::{eventually, skip, text};
 use crate::support::capi::{Mgmt, Rig};
 use crate::support::crash_proxy::{Agent, CrashProxies, Trigger};
+use crate::whole;
 
 const CLASS: &str = "quick";
 
@@ -298,6 +303,8 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
     let mut clusters = rig.up(dir.path(), &["src", "dst"], &env);
     let dst = clusters.pop().unwrap();
     let src = clusters.pop().unwrap();
+    whole::site_identity(&src, &dst);
+    let legacy = src.workload(&rig, "legacy", "l1", 1);
     clusterclass(&rig, &src, &["class", "classes", CLASS]);
     for (ns, name) in [("team-a", "a1"), ("team-b", "b1")] {
         clusterclass(&rig, &src, &["topology", ns, name, "classes", CLASS]);
@@ -306,6 +313,13 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
         wait_provisioned(&src, ns, name);
         collect_garbage(&src, ns);
     }
+    let w = legacy.wait_with_output().expect("workload.sh");
+    assert!(
+        w.status.success(),
+        "workload legacy/l1: {}",
+        text(&w.stderr)
+    );
+    whole::orphan_claim(&src, "legacy");
     eprintln!("set up in {:.1}s", t0.elapsed().as_secs_f64());
 
     // The dry runs say what clusterctl leaves behind, and what is refused, writing nothing.
@@ -327,8 +341,17 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
     );
     assert!(paused(&src).is_empty(), "{:?}", paused(&src));
 
-    // team-a, killed mid-copy, then finished by the same command.
+    // team-a, killed mid-copy: clusterctl paused the class, so plain clusterctl refuses team-b
+    // (the test notices when clusterctl changes); then team-a is finished by the same command.
     team_a_killed_mid_copy(&rig, &src, &dst, dir.path());
+    let out = plain_clusterctl_move(&rig, &src, &dst, "team-b");
+    let log = log_of(&out);
+    assert!(!out.status.success(), "{log}");
+    assert!(
+        log.contains("cannot start operation while the following ClusterClasses are paused")
+            && log.contains(CLASS),
+        "clusterctl's refusal changed:\n{log}"
+    );
     let out = handoff_move(&rig, &src, &dst, "team-a", &[]);
     let log = log_of(&out);
     assert!(out.status.success(), "the re-run of team-a's move:\n{log}");
@@ -360,8 +383,8 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
         m.nothing_of_handoff_at_all();
     }
 
-    // What is left of the source, team-b and the classes' namespace, in one whole move: team-b
-    // first (its Cluster uses the class), under one stop of both clusters. Its dry run first.
+    // What is left of the source in one whole move: legacy and team-b by name, the classes'
+    // namespace after team-b. Its dry run first.
     let dry = rig
         .handoff(&rig.clusterctl(), &["--all-namespaces", "--dry-run"])
         .arg("--kubeconfig")
@@ -374,47 +397,14 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
     assert!(dry.status.success(), "{log}");
     assert!(
         log.contains(&format!(
-            "in this order:\n  team-b: Cluster team-b/b1 (ClusterClass classes/{CLASS})\n  classes: ClusterClass classes/{CLASS}\nDry run: nothing was written."
+            "in this order:\n  legacy: Cluster legacy/l1\n    left in the source: clusterctl's dry run does not carry IPAddressClaim legacy/orphan (no Cluster, ClusterClass or labelled root reaches it)\n  team-b: Cluster team-b/b1 (ClusterClass classes/{CLASS})\n  classes: ClusterClass classes/{CLASS}\ncluster-scoped, copied to the target with the first namespace and left in the source (clusterctl never deletes a cluster-scoped object: mover.go, deleteSourceObject): SiteIdentity site-1\nDry run: nothing was written."
         )),
         "{log}"
     );
     for m in [&src, &dst] {
         m.nothing_of_handoff_at_all();
     }
-    let t = Instant::now();
-    let out = rig
-        .handoff(&rig.clusterctl(), &["--all-namespaces"])
-        .arg("--kubeconfig")
-        .arg(&src.kubeconfig)
-        .arg("--to-kubeconfig")
-        .arg(&dst.kubeconfig)
-        .output()
-        .expect("handoff move -A");
-    let log = log_of(&out);
-    eprintln!(
-        "handoff move -A ({:.1}s, exit {:?}):\n{log}",
-        t.elapsed().as_secs_f64(),
-        out.status.code()
-    );
-    assert!(out.status.success(), "handoff move -A:\n{log}");
-    assert!(
-        log.contains("2 namespaces, in this order: team-b, classes"),
-        "{log}"
-    );
-    let runs: Vec<usize> = ["namespace team-b: running", "namespace classes: running"]
-        .iter()
-        .filter_map(|l| log.find(l))
-        .collect();
-    assert!(
-        runs.len() == 2 && runs[0] < runs[1],
-        "clusterctl on team-b, then classes:\n{log}"
-    );
-    // One stop of each cluster for both namespaces: each window opened once.
-    for c in ["source", "target"] {
-        let opened = format!("{c}: MoveWindow move-all-namespaces is Open");
-        assert_eq!(log.matches(&opened).count(), 1, "{opened:?} once:\n{log}");
-    }
-    assert!(paused(&src).is_empty(), "{:?}", paused(&src));
+    whole::killed_between_and_inside_then_finished(&rig, &src, &dst, dir.path());
     assert!(
         names(&src, "classes", "clusterclasses.cluster.x-k8s.io").is_empty(),
         "the classes' own move deletes them from the source"
@@ -423,7 +413,9 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
         names(&dst, "classes", "clusterclasses.cluster.x-k8s.io"),
         [CLASS]
     );
-    for (ns, name) in [("team-a", "a1"), ("team-b", "b1")] {
+    whole::site_identity_in_both(&src, &dst);
+    whole::orphan_claim_left(&src, &dst, "legacy");
+    for (ns, name) in [("team-a", "a1"), ("team-b", "b1"), ("legacy", "l1")] {
         wait_provisioned(&dst, ns, name);
     }
     for m in [&src, &dst] {
@@ -431,26 +423,12 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
         m.nothing_of_handoff_at_all();
     }
 
-    // Plain clusterctl, back: team-a moves, and leaves the class paused in what is now the
-    // source, so team-b's move is refused.
-    let out = plain_clusterctl_move(&rig, &dst, &src, "team-a");
-    assert!(
-        out.status.success(),
-        "clusterctl move -n team-a: {}",
-        log_of(&out)
-    );
-    assert!(
-        paused(&dst).contains(&format!("ClusterClass classes/{CLASS}")),
-        "{:?}",
-        paused(&dst)
-    );
-    let out = plain_clusterctl_move(&rig, &dst, &src, "team-b");
-    let log = log_of(&out);
-    assert!(!out.status.success(), "{log}");
-    assert!(
-        log.contains("cannot start operation while the following ClusterClasses are paused")
-            && log.contains(CLASS),
-        "clusterctl's refusal changed:\n{log}"
-    );
+    // The target backed up whole, lost, and restored whole into the first cluster.
+    let all = ["classes", "legacy", "team-a", "team-b"];
+    whole::backed_up_lost_and_restored(&rig, dst, &src, dir.path(), &all);
+    for (ns, name) in [("team-a", "a1"), ("team-b", "b1"), ("legacy", "l1")] {
+        wait_provisioned(&src, ns, name);
+    }
+    assert!(paused(&src).is_empty(), "{:?}", paused(&src));
     eprintln!("whole test {:.1}s", t0.elapsed().as_secs_f64());
 }

@@ -6,7 +6,9 @@
 //! - `crash`: `handoff move` killed at its crash points, then finished or undone (its cases:
 //!   `crash_cases`; what "nothing lost" compares: `crash_graph`; a backup and a restore killed:
 //!   `crash_directory`; API servers restarted, pods lost, handoff down: `crash_faults`).
-//! - `classes`: a ClusterClass shared across namespaces, each namespace moved, the class's last.
+//! - `classes`: a ClusterClass shared across namespaces, each namespace moved, the class's last;
+//!   then the rest in one `handoff move -A`, killed inside its second namespace (`whole`), and
+//!   the whole target backed up, lost and restored.
 //! - `pivot`: the book's "Pivot from a bootstrap cluster" page, its commands run in order.
 //!
 //! One test binary for both, so that they run at the same time: `cargo test` runs test binaries
@@ -28,3 +30,4 @@ mod crash_graph;
 mod moves;
 mod pivot;
 mod proofs;
+mod whole;

@@ -975,6 +975,15 @@ pub struct MovedObjects {
 
 impl MovedObjects {
     pub fn start(m: &Mgmt, ns: &str) -> MovedObjects {
+        Self::start_in(m, Some(ns))
+    }
+
+    /// Every moved kind in every namespace (a whole management cluster's move).
+    pub fn start_all(m: &Mgmt) -> MovedObjects {
+        Self::start_in(m, None)
+    }
+
+    fn start_in(m: &Mgmt, ns: Option<&str>) -> MovedObjects {
         let kinds = moved_kinds(m);
         assert!(
             kinds.iter().any(|k| k.kind == "Cluster") && kinds.len() > 10,
@@ -985,7 +994,7 @@ impl MovedObjects {
         let events = Arc::new(Mutex::new(Vec::new()));
         let listed = Arc::new(Mutex::new(BTreeSet::new()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (kubeconfig, ns_owned, n) = (m.kubeconfig.clone(), ns.to_string(), kinds.len());
+        let (kubeconfig, ns_owned, n) = (m.kubeconfig.clone(), ns.map(String::from), kinds.len());
         let (sink, lists) = (events.clone(), listed.clone());
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -1000,11 +1009,14 @@ impl MovedObjects {
                 let client = kube::Client::try_from(config).expect("client");
                 let mut tasks = tokio::task::JoinSet::new();
                 for ar in kinds {
-                    let api = kube::Api::<kube::core::DynamicObject>::namespaced_with(
-                        client.clone(),
-                        &ns_owned,
-                        &ar,
-                    );
+                    let api = match &ns_owned {
+                        Some(ns) => kube::Api::<kube::core::DynamicObject>::namespaced_with(
+                            client.clone(),
+                            ns,
+                            &ar,
+                        ),
+                        None => kube::Api::all_with(client.clone(), &ar),
+                    };
                     tasks.spawn(watch_kind(
                         api,
                         ar.group.clone(),
@@ -1018,7 +1030,11 @@ impl MovedObjects {
             });
         });
         MovedObjects {
-            what: format!("{}: every moved kind in {ns}", m.name),
+            what: format!(
+                "{}: every moved kind in {}",
+                m.name,
+                ns.unwrap_or("every namespace")
+            ),
             kinds: n,
             events,
             listed,

@@ -131,22 +131,24 @@ pub async fn every_class(c: &Cluster) -> Result<Vec<ClusterSeen>> {
 }
 
 /// The objects clusterctl moves as roots of their own beside Clusters and ClusterClasses: those
-/// of the namespaced CRDs labelled `clusterctl.cluster.x-k8s.io/move-hierarchy`
-/// (`objectgraph.go`, `getMoveHierarchy`), as `(namespace, "Kind namespace/name")`.
+/// of the CRDs it discovers (labelled `clusterctl.cluster.x-k8s.io`) that are labelled
+/// `clusterctl.cluster.x-k8s.io/move-hierarchy` too (`objectgraph.go`, `getDiscoveryTypes`),
+/// as `(namespace, "Kind namespace/name")`; a cluster-scoped one as `("", "Kind name")`: every
+/// namespace's move copies it (its listing ignores the namespace) and none deletes it
+/// (`mover.go`, `deleteSourceObject` skips global objects).
 pub async fn move_hierarchy_roots(c: &Cluster) -> Result<Vec<(String, String)>> {
     let crds = Api::<CustomResourceDefinition>::all(c.client.clone())
-        .list(&ListParams::default().labels("clusterctl.cluster.x-k8s.io/move-hierarchy"))
+        .list(
+            &ListParams::default()
+                .labels("clusterctl.cluster.x-k8s.io,clusterctl.cluster.x-k8s.io/move-hierarchy"),
+        )
         .await
         .map_err(api_err(
             c,
             "listing the CustomResourceDefinitions labelled for clusterctl's move hierarchy",
         ))?;
     let mut out = Vec::new();
-    for crd in crds
-        .items
-        .iter()
-        .filter(|crd| crd.spec.scope == "Namespaced")
-    {
+    for crd in &crds.items {
         let Some(ar) = api_resource(crd) else {
             continue;
         };
@@ -158,8 +160,11 @@ pub async fn move_hierarchy_roots(c: &Cluster) -> Result<Vec<(String, String)>> 
                 format!("listing the {} of every namespace", ar.plural),
             ))?;
         for o in list.items {
-            let ns = o.metadata.namespace.unwrap_or_default();
-            let what = format!("{} {ns}/{}", ar.kind, o.metadata.name.unwrap_or_default());
+            let name = o.metadata.name.unwrap_or_default();
+            let (ns, what) = match o.metadata.namespace {
+                Some(ns) => (ns.clone(), format!("{} {ns}/{name}", ar.kind)),
+                None => (String::new(), format!("{} {name}", ar.kind)),
+            };
             out.push((ns, what));
         }
     }

@@ -19,6 +19,7 @@ use crate::window::plan::directory_next::{
 };
 use crate::window::plan::directory_plan::{self, Direction, DirectoryFlags, Then};
 use crate::window::plan::move_next::Seen;
+use crate::window::plan::move_plan::ClusterSeen;
 use crate::window::progress::Progress;
 use crate::window::runner::{self, Performer, Publish};
 use crate::window::user_agent::StepLabel;
@@ -59,11 +60,11 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
         .and_then(|w| w.status.as_ref())
         .and_then(|s| s.move_record.clone());
     let ns = match &o.flags.direction {
-        Direction::Backup { namespace } => Some(namespace.clone()),
-        Direction::Restore => None,
+        Direction::Backup { namespaces } => Some(namespaces.clone()),
+        Direction::Restore { .. } => None,
     };
     let clusters = match &ns {
-        Some(ns) => clusters_in(c, ns).await?,
+        Some(ns) => clusters_of(c, ns).await?,
         None => Vec::new(),
     };
     let start = directory_plan::start(
@@ -130,8 +131,8 @@ pub async fn run(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Resul
 struct DirectoryRun<'a, 'o> {
     c: &'a Cluster,
     o: &'a DirectoryOptions,
-    /// A backup's namespace.
-    ns: Option<String>,
+    /// A backup's namespaces.
+    ns: Option<Vec<String>>,
     /// How the window is opened once its checks were said.
     quiet: OpenOptions,
     started: Instant,
@@ -147,7 +148,7 @@ impl Performer<DirectoryPlanner> for DirectoryRun<'_, '_> {
         }
         let ns = self.ns.as_deref().unwrap_or_default();
         Ok(DirRead {
-            clusters: Seen::Read(clusters_in(self.c, ns).await?),
+            clusters: Seen::Read(clusters_of(self.c, ns).await?),
             open: Seen::Read(
                 read_window(self.c, &self.o.window)
                     .await?
@@ -294,7 +295,7 @@ impl DirectoryRun<'_, '_> {
         let read = read_window(c, &o.window).await?;
         window_at_least_closed(c, &self.quiet, read).await?;
         let (phase, namespace) = match &self.ns {
-            Some(ns) => (MovePhase::StoppingSource, ns.clone()),
+            Some(ns) => (MovePhase::StoppingSource, ns.join(", ")),
             None => (MovePhase::StoppingTarget, String::new()),
         };
         record(c, &o.window, |s| {
@@ -323,7 +324,7 @@ impl DirectoryRun<'_, '_> {
         match self.ns.is_some() {
             true => self.out.say("The controllers and the Clusters are back as they were; whatever clusterctl wrote to the folder is incomplete. Run the same command again."),
             false => self.out.say(format!(
-                "The controllers handoff stopped stay stopped, and MoveWindow {} stays open: they would reconcile a half-restored management cluster. Two ways on:\n  finish the restore: the same command again (clusterctl creates what is missing and updates what is there)\n  undo the stop:      the same command with --abort (the controllers come back; what was restored stays)",
+                "The controllers handoff stopped stay stopped, and MoveWindow {} stays open: they would reconcile a half-restored management cluster. Two ways on:\n  finish the restore: the same command again (clusterctl creates what is missing and skips what is there)\n  undo the stop:      the same command with --abort (the controllers come back; what was restored stays)",
                 self.o.window
             )),
         }
@@ -355,18 +356,30 @@ async fn set_paused(c: &Cluster, key: &str, paused: bool) -> Result<()> {
         .map(|_| ())
 }
 
-/// Wait until every Cluster is paused and no object of the namespace holds a block-move.
+/// The Clusters of every namespace backed up.
+async fn clusters_of(c: &Cluster, namespaces: &[String]) -> Result<Vec<ClusterSeen>> {
+    let mut all = Vec::new();
+    for ns in namespaces {
+        all.extend(clusters_in(c, ns).await?);
+    }
+    Ok(all)
+}
+
+/// Wait until every Cluster is paused and no object of the namespaces holds a block-move.
 async fn wait_unblocked(
     c: &Cluster,
     o: &DirectoryOptions,
-    ns: &str,
+    namespaces: &[String],
     out: &mut Progress,
 ) -> Result<()> {
     let deadline = Instant::now() + o.open.wait_timeout;
     let mut said = None;
     loop {
-        let clusters = clusters_in(c, ns).await?;
-        let blocking = scan(c, ns).await?.blocking;
+        let clusters = clusters_of(c, namespaces).await?;
+        let mut blocking = Vec::new();
+        for ns in namespaces {
+            blocking.extend(scan(c, ns).await?.blocking);
+        }
         let why = match directory_plan::backup_ready(&clusters, &blocking) {
             Ok(()) => return Ok(()),
             Err(why) => why,
@@ -388,11 +401,37 @@ async fn wait_unblocked(
     }
 }
 
-/// clusterctl, with the controllers stopped; its output as a move's. How it ended is what it
-/// found: a failure is the planner's to record.
+/// clusterctl, with the controllers stopped, once per namespace with `-A` (a backup's folders
+/// made first: clusterctl writes only into one that exists); its output as a move's. How it
+/// ended is what it found, the first failure ending it: the planner's to record.
 async fn clusterctl(c: &Cluster, o: &DirectoryOptions, out: &mut Progress) -> Result<Found> {
-    let args = directory_plan::clusterctl_args(&o.flags);
-    let status = super::clusterctl::run_to_end(c, &o.clusterctl, args, "handoff move", out).await?;
-    let what = format!("{}: clusterctl move exited {}", c.label, status.describe());
-    Ok(Found::Exited { status, what })
+    let backup = matches!(o.flags.direction, Direction::Backup { .. });
+    let mut last = None;
+    for run in directory_plan::clusterctl_runs(&o.flags) {
+        let what = match &run.namespace {
+            Some(ns) => format!("handoff move: namespace {ns}"),
+            None => "handoff move".to_string(),
+        };
+        if backup && run.namespace.is_some() {
+            std::fs::create_dir_all(&run.folder).map_err(|e| WindowError::Refused {
+                cluster: c.label.into(),
+                message: format!("making the folder {}: {e}", run.folder.display()),
+            })?;
+        }
+        let status = super::clusterctl::run_to_end(c, &o.clusterctl, run.args, &what, out).await?;
+        let failed = status.code != Some(0);
+        let what = format!(
+            "{}: clusterctl move{} exited {}",
+            c.label,
+            run.namespace
+                .map(|ns| format!(" (namespace {ns})"))
+                .unwrap_or_default(),
+            status.describe()
+        );
+        last = Some(Found::Exited { status, what });
+        if failed {
+            break;
+        }
+    }
+    Ok(last.unwrap_or(Found::Nothing))
 }

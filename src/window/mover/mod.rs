@@ -10,9 +10,10 @@ mod pause_watch;
 mod restore;
 mod steps;
 mod whole;
+mod whole_dry_run;
 
 pub use directory::{DirectoryOptions, run as directory_run};
-pub use whole::run as whole_run;
+pub use whole::{namespaces as whole_namespaces, run as whole_run};
 
 use crate::window::progress::Progress;
 use std::path::PathBuf;

@@ -28,6 +28,18 @@ use crate::window::plan::move_plan::{ClusterctlFlags, PAUSED_ANNOTATION, Paused,
 use crate::window::progress::Progress;
 use crate::window::runner::{self, Performer, Publish};
 
+/// Every namespace of `c` that holds something clusterctl moves, by name (a whole backup's;
+/// a backup deletes nothing, so it needs no order).
+pub async fn namespaces(c: &Cluster) -> Result<Vec<String>> {
+    let clusters = every_cluster(c).await?;
+    let classes = every_class(c).await?;
+    let roots = move_hierarchy_roots(c).await?;
+    Ok(all_namespaces::namespaces(&clusters, &classes, &roots)
+        .into_iter()
+        .map(|n| n.name)
+        .collect())
+}
+
 /// A whole move from start to end, its resumption, or its `--abort`.
 pub async fn run(
     source: &Cluster,
@@ -36,16 +48,7 @@ pub async fn run(
     out: &mut Progress,
 ) -> Result<()> {
     if o.flags.dry_run {
-        let clusters = every_cluster(source).await?;
-        let classes = every_class(source).await?;
-        let roots = move_hierarchy_roots(source).await?;
-        let ns = all_namespaces::namespaces(&clusters, &classes, &roots);
-        out.say(
-            all_namespaces::dry_run(&ns, &clusters, &classes)
-                .trim_end()
-                .to_string(),
-        );
-        return Ok(());
+        return super::whole_dry_run::dry_run(source, o, out).await;
     }
     let rec = super::read_record(target, &o.window).await?;
     let record = match rec {

@@ -46,7 +46,8 @@ pub enum AllRefusal {
 }
 
 /// Every namespace that holds a Cluster, a ClusterClass or one of `others` (`(namespace,
-/// "Kind namespace/name")`), sorted by name, each one's keys sorted.
+/// "Kind namespace/name")`; a cluster-scoped one, namespace `""`, is no namespace's), sorted by
+/// name, each one's keys sorted.
 pub fn namespaces(
     every_cluster: &[ClusterSeen],
     every_class: &[ClusterSeen],
@@ -63,7 +64,8 @@ pub fn namespaces(
             .classes
             .push(c.key.clone());
     }
-    for (ns, what) in others {
+    // A cluster-scoped object belongs to no namespace: every one's move copies it.
+    for (ns, what) in others.iter().filter(|(ns, _)| !ns.is_empty()) {
         entry(&mut by, ns).others.push(what.clone());
     }
     by.into_values()
@@ -150,10 +152,14 @@ pub fn order(
 
 /// What `handoff move --all-namespaces --dry-run` says: each namespace in clusterctl's order with
 /// what it holds, or why the move would be refused; nothing is written.
+/// `clusterctl`: what clusterctl's own dry run of each namespace left out (`left_behind`), or
+/// why it failed; a namespace missing from it was not asked.
 pub fn dry_run(
     namespaces: &[Namespace],
     every_cluster: &[ClusterSeen],
     every_class: &[ClusterSeen],
+    others: &[(String, String)],
+    clusterctl: &BTreeMap<String, Result<Vec<String>, String>>,
 ) -> String {
     let mut out = String::new();
     let paused: Vec<&str> = every_cluster
@@ -191,6 +197,25 @@ pub fn dry_run(
         held.extend(n.classes.iter().map(|k| format!("ClusterClass {k}")));
         held.extend(n.others.iter().cloned());
         out.push_str(&format!("  {name}: {}\n", held.join(", ")));
+        match clusterctl.get(name) {
+            Some(Ok(left)) if !left.is_empty() => out.push_str(&format!(
+                "    left in the source: clusterctl's dry run does not carry {} (no Cluster, ClusterClass or labelled root reaches it)\n",
+                left.join(", ")
+            )),
+            Some(Err(why)) => out.push_str(&format!("    clusterctl's dry run failed: {why}\n")),
+            _ => {}
+        }
+    }
+    let global: Vec<&str> = others
+        .iter()
+        .filter(|(ns, _)| ns.is_empty())
+        .map(|(_, what)| what.as_str())
+        .collect();
+    if !global.is_empty() {
+        out.push_str(&format!(
+            "cluster-scoped, copied to the target with the first namespace and left in the source (clusterctl never deletes a cluster-scoped object: mover.go, deleteSourceObject): {}\n",
+            global.join(", ")
+        ));
     }
     if !paused.is_empty() {
         out.push_str(&format!(
@@ -314,31 +339,50 @@ pub(crate) mod tests {
     #[test]
     fn the_dry_run_says_each_namespace_in_order_and_what_would_refuse() {
         let (mut clusters, classes) = management_cluster();
-        let others = [(
-            "infra".to_string(),
-            "DevClusterIdentity infra/shared".to_string(),
-        )];
+        let others = [
+            (
+                "infra".to_string(),
+                "DevClusterIdentity infra/shared".to_string(),
+            ),
+            (String::new(), "SiteIdentity site-1".to_string()),
+        ];
         let ns = namespaces(&clusters, &classes, &others);
-        let said = dry_run(&ns, &clusters, &classes);
+        assert_eq!(ns.len(), 5, "a cluster-scoped object is no namespace's");
+        let mut said_by = BTreeMap::new();
+        said_by.insert(
+            "kcp".to_string(),
+            Ok(vec!["IPAddressClaim kcp/orphan".to_string()]),
+        );
+        said_by.insert("team-a".to_string(), Ok(vec![]));
+        said_by.insert(
+            "team-b".to_string(),
+            Err("exit code 1: no route to host".to_string()),
+        );
+        let said = dry_run(&ns, &clusters, &classes, &others, &said_by);
         assert_eq!(
             said,
             "handoff move -A would move 5 namespaces under one stop of both clusters, clusterctl once each, in this order:\n  \
              infra: DevClusterIdentity infra/shared\n  \
-             kcp: Cluster kcp/wl3\n  \
+             kcp: Cluster kcp/wl3\n    \
+             left in the source: clusterctl's dry run does not carry IPAddressClaim kcp/orphan (no Cluster, ClusterClass or labelled root reaches it)\n  \
              team-a: Cluster team-a/wl1 (ClusterClass classes/quick-start)\n  \
-             team-b: Cluster team-b/wl2 (ClusterClass classes/quick-start)\n  \
+             team-b: Cluster team-b/wl2 (ClusterClass classes/quick-start)\n    \
+             clusterctl's dry run failed: exit code 1: no route to host\n  \
              classes: ClusterClass classes/quick-start\n\
+             cluster-scoped, copied to the target with the first namespace and left in the source (clusterctl never deletes a cluster-scoped object: mover.go, deleteSourceObject): SiteIdentity site-1\n\
              Dry run: nothing was written.\n"
         );
         clusters[2].paused = true;
-        let said = dry_run(&ns, &clusters, &classes);
+        let said = dry_run(&ns, &clusters, &classes, &[], &BTreeMap::new());
         assert!(said.contains("would refuse: paused already, and not by handoff (clusterctl moves nothing paused): kcp/wl3"), "{said}");
         clusters.push(cluster("classes/x", Some("team-a/own")));
         let classes = [classes, vec![class("team-a/own")]].concat();
         let ns = namespaces(&clusters, &classes, &[]);
-        assert!(dry_run(&ns, &clusters, &classes).starts_with(
-            "handoff move -A would refuse: the ClusterClasses of namespaces classes, team-a"
-        ));
+        assert!(
+            dry_run(&ns, &clusters, &classes, &[], &BTreeMap::new()).starts_with(
+                "handoff move -A would refuse: the ClusterClasses of namespaces classes, team-a"
+            )
+        );
     }
 
     #[test]

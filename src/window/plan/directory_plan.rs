@@ -15,7 +15,13 @@
 //! Clusters last. The target's controllers are stopped before the first create and restored
 //! after the last unpause; a restore that failed keeps them stopped (a controller reconciling
 //! half a restore is what this exists to prevent), and the same command again runs clusterctl
-//! again (it updates what exists already: `createTargetObject`), or `--abort` restores them.
+//! again (it skips what exists already: `restoreTargetObject`), or `--abort` restores them.
+//!
+//! With `--all-namespaces` a backup writes each namespace into a folder of its own, named after
+//! it, and a restore creates each such folder's objects: clusterctl once per namespace, under
+//! one stop of the cluster. A backup copies the ClusterClasses of another namespace that its
+//! Clusters use along with them (`objectgraph.go`, `Discovery`), and a restore skips what is
+//! there already, so neither depends on the order; both go by name.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -27,10 +33,12 @@ use crate::window::plan::move_plan::ClusterSeen;
 /// Which way the objects go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Direction {
-    /// `--to-directory`: from the cluster into the folder, for the namespace.
-    Backup { namespace: String },
-    /// `--from-directory`: from the folder into the cluster.
-    Restore,
+    /// `--to-directory`: from the cluster into the folder, for these namespaces (one, or with
+    /// `-A` each that holds something clusterctl moves).
+    Backup { namespaces: Vec<String> },
+    /// `--from-directory`: from the folder into the cluster; with `-A`, these namespaces'
+    /// folders of it (none: the folder itself, whatever it holds).
+    Restore { namespaces: Vec<String> },
 }
 
 /// clusterctl's flags for one cluster and one folder, as the user gave them.
@@ -42,33 +50,64 @@ pub struct DirectoryFlags {
     /// restore (`--to-kubeconfig`).
     pub kubeconfig: Option<PathBuf>,
     pub context: Option<String>,
+    /// `-A`: each namespace's files in a folder of `directory` named after it.
+    pub whole: bool,
 }
 
-/// `clusterctl move` for a backup or a restore, with the user's flags.
-pub fn clusterctl_args(f: &DirectoryFlags) -> Vec<OsString> {
-    let mut a: Vec<OsString> = vec!["move".into()];
-    let (kubeconfig, context) = match f.direction {
-        Direction::Backup { .. } => ("--kubeconfig", "--kubeconfig-context"),
-        Direction::Restore => ("--to-kubeconfig", "--to-kubeconfig-context"),
+/// One clusterctl of a backup or a restore: the namespace it is for (`-A`) and its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterctlRun {
+    pub namespace: Option<String>,
+    pub folder: PathBuf,
+    pub args: Vec<OsString>,
+}
+
+/// `clusterctl move` for a backup or a restore, with the user's flags: one run, or with `-A`
+/// one per namespace, each with its folder.
+pub fn clusterctl_runs(f: &DirectoryFlags) -> Vec<ClusterctlRun> {
+    let (namespaces, restore) = match &f.direction {
+        Direction::Backup { namespaces } => (namespaces, false),
+        Direction::Restore { namespaces } => (namespaces, true),
     };
-    if let Some(k) = &f.kubeconfig {
-        a.push(kubeconfig.into());
-        a.push(k.into());
-    }
-    if let Some(c) = &f.context {
-        a.push(context.into());
-        a.push(c.into());
-    }
-    match &f.direction {
-        Direction::Backup { namespace } => {
-            a.push("--namespace".into());
-            a.push(namespace.into());
-            a.push("--to-directory".into());
+    let run = |namespace: Option<&String>, folder: PathBuf| {
+        let mut a: Vec<OsString> = vec!["move".into()];
+        let (kubeconfig, context) = match restore {
+            false => ("--kubeconfig", "--kubeconfig-context"),
+            true => ("--to-kubeconfig", "--to-kubeconfig-context"),
+        };
+        if let Some(k) = &f.kubeconfig {
+            a.push(kubeconfig.into());
+            a.push(k.into());
         }
-        Direction::Restore => a.push("--from-directory".into()),
+        if let Some(c) = &f.context {
+            a.push(context.into());
+            a.push(c.into());
+        }
+        match (restore, namespace) {
+            (false, Some(ns)) => {
+                a.extend(["--namespace".into(), ns.into(), "--to-directory".into()]);
+            }
+            (false, None) => a.push("--to-directory".into()),
+            (true, _) => a.push("--from-directory".into()),
+        }
+        a.push((&folder).into());
+        ClusterctlRun {
+            namespace: f.whole.then(|| namespace.cloned()).flatten(),
+            folder,
+            args: a,
+        }
+    };
+    match (f.whole, restore) {
+        (true, _) => namespaces
+            .iter()
+            .map(|ns| run(Some(ns), f.directory.join(ns)))
+            .collect(),
+        (false, false) => namespaces
+            .iter()
+            .map(|ns| run(Some(ns), f.directory.clone()))
+            .collect(),
+        (false, true) => vec![run(None, f.directory.clone())],
     }
-    a.push((&f.directory).into());
-    a
 }
 
 pub use crate::window::plan::directory_next::DirectoryStep;
@@ -78,7 +117,7 @@ impl Direction {
     pub fn of(&self) -> Of {
         match self {
             Direction::Backup { .. } => Of::Backup,
-            Direction::Restore => Of::Restore,
+            Direction::Restore { .. } => Of::Restore,
         }
     }
 }
@@ -110,12 +149,11 @@ pub enum Then {
 pub enum DirectoryRefusal {
     /// These Clusters (`namespace/name`) are paused, and not by this window.
     #[error(
-        "Cluster {} in namespace {namespace} is paused, and not by MoveWindow {window}: clusterctl backs up no paused Cluster (checkClustersNotPaused); unpause it, or back up once whoever paused it is done",
+        "Cluster {} is paused, and not by MoveWindow {window}: clusterctl backs up no paused Cluster (checkClustersNotPaused); unpause it, or back up once whoever paused it is done",
         .clusters.join(", ")
     )]
     PausedByOthers {
         clusters: Vec<String>,
-        namespace: String,
         window: String,
     },
 }
@@ -135,7 +173,7 @@ pub fn start(
         Direction::Backup { .. } => {
             crate::window::plan::move_plan::to_unpause(&[], recorded, clusters)
         }
-        Direction::Restore => Vec::new(),
+        Direction::Restore { .. } => Vec::new(),
     };
     if abort {
         return Start {
@@ -145,7 +183,7 @@ pub fn start(
         };
     }
     match direction {
-        Direction::Backup { namespace } => {
+        Direction::Backup { .. } => {
             // clusterctl refuses a paused Cluster; one handoff did not pause is the user's.
             let theirs: Vec<&str> = clusters
                 .iter()
@@ -158,7 +196,6 @@ pub fn start(
                 },
                 false => Then::Refuse(DirectoryRefusal::PausedByOthers {
                     clusters: theirs.iter().map(|k| k.to_string()).collect(),
-                    namespace: namespace.clone(),
                     window: window.to_string(),
                 }),
             };
@@ -170,7 +207,7 @@ pub fn start(
                 then,
             }
         }
-        Direction::Restore => Start {
+        Direction::Restore { .. } => Start {
             unpause,
             close: false,
             then: Then::Run {
@@ -224,7 +261,7 @@ mod tests {
 
     fn backup() -> Direction {
         Direction::Backup {
-            namespace: "ns1".into(),
+            namespaces: vec!["ns1".into()],
         }
     }
 
@@ -243,9 +280,10 @@ mod tests {
             directory: "/b u".into(),
             kubeconfig: Some("/a".into()),
             context: Some("ctx".into()),
+            whole: false,
         };
         assert_eq!(
-            clusterctl_args(&f),
+            clusterctl_runs(&f)[0].args,
             [
                 "move",
                 "--kubeconfig",
@@ -264,14 +302,83 @@ mod tests {
     #[test]
     fn a_restore_passes_clusterctl_the_target_and_no_namespace() {
         let f = DirectoryFlags {
-            direction: Direction::Restore,
+            direction: Direction::Restore { namespaces: vec![] },
             directory: "/b".into(),
             kubeconfig: Some("/t".into()),
             context: None,
+            whole: false,
         };
+        let runs = clusterctl_runs(&f);
+        assert_eq!(runs.len(), 1);
         assert_eq!(
-            clusterctl_args(&f),
+            runs[0].args,
             ["move", "--to-kubeconfig", "/t", "--from-directory", "/b"].map(OsString::from)
+        );
+    }
+
+    #[test]
+    fn a_whole_backup_and_restore_run_clusterctl_once_per_namespace_each_in_its_folder() {
+        let namespaces = vec!["classes".to_string(), "team-b".to_string()];
+        let backup = DirectoryFlags {
+            direction: Direction::Backup {
+                namespaces: namespaces.clone(),
+            },
+            directory: "/b".into(),
+            kubeconfig: Some("/s".into()),
+            context: None,
+            whole: true,
+        };
+        let runs = clusterctl_runs(&backup);
+        assert_eq!(
+            runs.iter().map(|r| r.args.clone()).collect::<Vec<_>>(),
+            [
+                [
+                    "move",
+                    "--kubeconfig",
+                    "/s",
+                    "--namespace",
+                    "classes",
+                    "--to-directory",
+                    "/b/classes"
+                ],
+                [
+                    "move",
+                    "--kubeconfig",
+                    "/s",
+                    "--namespace",
+                    "team-b",
+                    "--to-directory",
+                    "/b/team-b"
+                ],
+            ]
+            .map(|a| a.map(OsString::from).to_vec())
+        );
+        assert_eq!(runs[1].namespace.as_deref(), Some("team-b"));
+        let restore = DirectoryFlags {
+            direction: Direction::Restore { namespaces },
+            kubeconfig: Some("/t".into()),
+            ..backup
+        };
+        let runs = clusterctl_runs(&restore);
+        assert_eq!(
+            runs.iter().map(|r| r.args.clone()).collect::<Vec<_>>(),
+            [
+                [
+                    "move",
+                    "--to-kubeconfig",
+                    "/t",
+                    "--from-directory",
+                    "/b/classes"
+                ],
+                [
+                    "move",
+                    "--to-kubeconfig",
+                    "/t",
+                    "--from-directory",
+                    "/b/team-b"
+                ],
+            ]
+            .map(|a| a.map(OsString::from).to_vec())
         );
     }
 
@@ -367,7 +474,14 @@ mod tests {
                 then: Then::Aborted
             }
         );
-        let s = start(&Direction::Restore, true, "w", true, None, &[]);
+        let s = start(
+            &Direction::Restore { namespaces: vec![] },
+            true,
+            "w",
+            true,
+            None,
+            &[],
+        );
         assert_eq!(
             s,
             Start {
@@ -380,7 +494,14 @@ mod tests {
 
     #[test]
     fn a_restore_run_again_keeps_its_controllers_stopped() {
-        let s = start(&Direction::Restore, false, "w", true, None, &[]);
+        let s = start(
+            &Direction::Restore { namespaces: vec![] },
+            false,
+            "w",
+            true,
+            None,
+            &[],
+        );
         assert_eq!(
             s.then,
             Then::Run {
@@ -388,7 +509,14 @@ mod tests {
             }
         );
         assert!(!s.close);
-        let s = start(&Direction::Restore, false, "w", false, None, &[]);
+        let s = start(
+            &Direction::Restore { namespaces: vec![] },
+            false,
+            "w",
+            false,
+            None,
+            &[],
+        );
         assert_eq!(
             s.then,
             Then::Run {

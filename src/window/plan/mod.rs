@@ -10,6 +10,7 @@ pub mod all_next;
 pub mod declare;
 pub mod directory_next;
 pub mod directory_plan;
+pub mod left_behind;
 pub mod move_next;
 pub mod move_plan;
 pub mod planner;

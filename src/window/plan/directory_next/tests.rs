@@ -16,9 +16,9 @@ fn planner(backup: bool, start: Start, recorded: bool) -> DirectoryPlanner {
     DirectoryPlanner {
         direction: match backup {
             true => Direction::Backup {
-                namespace: NS.into(),
+                namespaces: vec![NS.into()],
             },
-            false => Direction::Restore,
+            false => Direction::Restore { namespaces: vec![] },
         },
         start,
         recorded,
@@ -198,7 +198,7 @@ fn a_rerun_puts_back_what_an_earlier_one_left_and_an_abort_or_a_refusal_stops_th
     };
     let now = [c("a", true)];
     let direction = Direction::Backup {
-        namespace: NS.into(),
+        namespaces: vec![NS.into()],
     };
     let again = directory_plan::start(&direction, false, window, true, Some(&rec), &now);
     let (steps, ended, _) = walk(&planner(true, again, true), 0, None, &[c("a", false)]);
@@ -240,10 +240,24 @@ fn a_restore_keeps_its_controllers_stopped_where_clusterctl_failed_and_a_rerun_r
     // A restore's own steps before clusterctl end the run as they fail (nothing to put back).
     let (steps, ended, last_failed) = walk(&r, 0, Some(DirectoryStep::Stop), &[]);
     assert!(last_failed && ended == Ended::No, "{steps:?}");
-    let again = directory_plan::start(&Direction::Restore, false, "w", true, None, &[]);
+    let again = directory_plan::start(
+        &Direction::Restore { namespaces: vec![] },
+        false,
+        "w",
+        true,
+        None,
+        &[],
+    );
     let (steps, _, _) = walk(&planner(false, again, true), 0, None, &[]);
     assert_eq!(steps, ["RunClusterctl", "Restore", "Uninstall", "Done"]);
-    let abort = directory_plan::start(&Direction::Restore, true, "w", true, None, &[]);
+    let abort = directory_plan::start(
+        &Direction::Restore { namespaces: vec![] },
+        true,
+        "w",
+        true,
+        None,
+        &[],
+    );
     let (steps, ended, _) = walk(&planner(false, abort, true), 0, None, &[]);
     assert_eq!(steps, ["PutBack", "Aborted", "Uninstall"]);
     assert_eq!(ended, Ended::Aborted);
