@@ -77,7 +77,8 @@ fn paused(m: &Mgmt) -> Vec<String> {
 }
 
 /// The names of `plural` in `ns` of `m`.
-fn names(m: &Mgmt, ns: &str, plural: &str) -> Vec<String> {
+/// The names of the objects of `plural` in `ns`.
+pub fn names(m: &Mgmt, ns: &str, plural: &str) -> Vec<String> {
     m.get(&["-n", ns, plural])["items"]
         .as_array()
         .cloned()

@@ -18,6 +18,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::classes::names;
 use crate::crash::clusterctl_running;
 use crate::support;
 use support::apiserver::{eventually, text};
@@ -89,16 +90,6 @@ pub fn orphan_claim_left(src: &Mgmt, dst: &Mgmt, ns: &str) {
         "left in the source by clusterctl"
     );
     assert!(names(dst, ns, plural).is_empty());
-}
-
-fn names(m: &Mgmt, ns: &str, plural: &str) -> Vec<String> {
-    m.get(&["-n", ns, plural])["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_string))
-        .collect()
 }
 
 fn has_site_identity(m: &Mgmt) -> bool {
