@@ -176,8 +176,14 @@ if paused:
 log(f"Moving Cluster API objects Clusters={len(clusters)}")
 
 if a.dry_run:
+    # As clusterctl's dry run logs at -v 1 (mover.go, createTargetObject logs before it returns
+    # on a dry run; cmd/clusterctl/log/logger.go quotes each value): handoff's -A dry run reads
+    # these lines to name what would not be carried.
     for n in nodes:
-        log(f"  would move {n['kind']} {a.namespace}/{n['metadata']['name']}")
+        if a.v >= 1:
+            log(f'Creating {n["kind"]}="{n["metadata"]["name"]}" Namespace="{a.namespace}"')
+        else:
+            log(f"  would move {n['kind']} {a.namespace}/{n['metadata']['name']}")
     log("Dry run: nothing was written")
     sys.exit(0)
 
