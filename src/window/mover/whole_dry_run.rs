@@ -65,5 +65,5 @@ async fn clusterctl_dry_run(
     }
     let listed = scan(source, ns).await?.objects;
     let would = left_behind::parse(&log);
-    Ok(Ok(left_behind::left_behind(&listed, &would).not_moved))
+    Ok(Ok(left_behind::not_moved(&listed, &would)))
 }

@@ -59,26 +59,14 @@ fn object(kvs: &str) -> Option<String> {
     })
 }
 
-/// What a namespace's move leaves in the source.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LeftBehind {
-    /// Objects of the namespace that clusterctl would not carry at all: no root reaches them.
-    pub not_moved: Vec<String>,
-    /// Objects clusterctl would copy and not delete: the ClusterClasses of another namespace
-    /// that the namespace's Clusters use, cluster-scoped objects and what hangs below them.
-    pub copied_and_kept: Vec<String>,
-}
-
-/// `listed`: every object of the namespace of a kind clusterctl discovers, as `Kind ns/name`.
-pub fn left_behind(listed: &[String], would: &Would) -> LeftBehind {
-    LeftBehind {
-        not_moved: listed
-            .iter()
-            .filter(|o| !would.create.contains(*o))
-            .cloned()
-            .collect(),
-        copied_and_kept: would.create.difference(&would.delete).cloned().collect(),
-    }
+/// Objects of the namespace (`listed`: every one of a kind clusterctl discovers, as
+/// `Kind ns/name`) that clusterctl would not carry at all: no root reaches them.
+pub fn not_moved(listed: &[String], would: &Would) -> Vec<String> {
+    listed
+        .iter()
+        .filter(|o| !would.create.contains(*o))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -126,21 +114,15 @@ Resuming the target cluster
     }
 
     #[test]
-    fn what_no_root_reaches_and_what_is_copied_but_kept_are_named() {
+    fn what_no_root_reaches_is_named() {
         let listed = [
             "Cluster team-b/b1".to_string(),
             "KubeadmControlPlane team-b/b1-x7".to_string(),
             "IPAddressClaim team-b/orphan".to_string(),
         ];
         assert_eq!(
-            left_behind(&listed, &parse(LOG)),
-            LeftBehind {
-                not_moved: vec!["IPAddressClaim team-b/orphan".into()],
-                copied_and_kept: vec![
-                    "ClusterClass classes/quick".into(),
-                    "SiteIdentity site-1".into()
-                ],
-            }
+            not_moved(&listed, &parse(LOG)),
+            ["IPAddressClaim team-b/orphan"]
         );
     }
 
