@@ -28,7 +28,7 @@ use crate::support;
 use crate::support::apiserver::{eventually, skip, text};
 use crate::support::capi::{Mgmt, Rig};
 use crate::support::crash_proxy::{Agent, CrashProxies, Trigger};
-use crate::whole;
+use crate::{whole, whole_backup};
 
 const CLASS: &str = "quick";
 
@@ -426,7 +426,7 @@ fn a_cluster_class_shared_across_namespaces_moves_with_each_and_last_on_its_own(
 
     // The target backed up whole, lost, and restored whole into the first cluster.
     let all = ["classes", "legacy", "team-a", "team-b"];
-    whole::backed_up_lost_and_restored(&rig, dst, &src, dir.path(), &all);
+    whole_backup::backed_up_lost_and_restored(&rig, dst, &src, dir.path(), &all);
     for (ns, name) in [("team-a", "a1"), ("team-b", "b1"), ("legacy", "l1")] {
         wait_provisioned(&src, ns, name);
     }

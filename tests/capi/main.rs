@@ -1,14 +1,14 @@
 //! `handoff move` on the real Cluster API (`../shared/capi`): the real clusterctl and the real
 //! core, kubeadm bootstrap, kubeadm control-plane and CAPD managers.
 //!
-//! - `backup`: `handoff move --to-directory`, the cluster lost, `--from-directory` into a fresh one.
 //! - `moves`: moves as shipped (15 s leases), there and back, proven from the clusters.
 //! - `crash`: `handoff move` killed at its crash points, then finished or undone (its cases:
 //!   `crash_cases`; what "nothing lost" compares: `crash_graph`; a backup and a restore killed:
 //!   `crash_directory`; API servers restarted, pods lost, handoff down: `crash_faults`).
 //! - `classes`: a ClusterClass shared across namespaces, each namespace moved, the class's last;
 //!   then the rest in one `handoff move -A`, killed inside its second namespace (`whole`), and
-//!   the whole target backed up, lost and restored.
+//!   the whole target backed up, lost and restored, each first with a clusterctl that fails
+//!   (`whole_backup`).
 //! - `pivot`: the book's "Pivot from a bootstrap cluster" page, its commands run in order.
 //!
 //! One test binary for both, so that they run at the same time: `cargo test` runs test binaries
@@ -20,7 +20,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-mod backup;
 mod classes;
 mod crash;
 mod crash_cases;
@@ -31,3 +30,4 @@ mod moves;
 mod pivot;
 mod proofs;
 mod whole;
+mod whole_backup;

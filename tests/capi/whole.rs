@@ -10,8 +10,7 @@
 //! from both clusters' records, each ordered by its own etcd revisions: every create in the
 //! target and every delete in the source fall inside the window's hold of every provider Lease
 //! of that cluster, and each Lease was taken once (one stop per cluster for every namespace,
-//! across the kill). Then the whole target is backed up (`-A --to-directory`, a folder per
-//! namespace), lost, and restored into the source (`-A --from-directory`) under one stop.
+//! across the kill). Then the whole target is backed up, lost and restored (`whole_backup.rs`).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -92,13 +91,13 @@ pub fn orphan_claim_left(src: &Mgmt, dst: &Mgmt, ns: &str) {
     assert!(names(dst, ns, plural).is_empty());
 }
 
-fn has_site_identity(m: &Mgmt) -> bool {
+pub fn has_site_identity(m: &Mgmt) -> bool {
     m.kubectl(&["get", "siteidentities.identity.handoff.test", "site-1"])
         .status
         .success()
 }
 
-fn log_of(out: &Output) -> String {
+pub fn log_of(out: &Output) -> String {
     text(&out.stdout) + &text(&out.stderr)
 }
 
@@ -112,7 +111,7 @@ fn whole(rig: &Rig, from: &Path, to: &Path) -> std::process::Command {
 }
 
 /// Both watches of one cluster, listed: every moved kind of every namespace, and the Leases.
-fn watch(m: &Mgmt) -> (MovedObjects, Watch) {
+pub fn watch(m: &Mgmt) -> (MovedObjects, Watch) {
     let (objects, leases) = (
         MovedObjects::start_all(m),
         Watch::start(m, &["leases", "-A"]),
@@ -134,7 +133,7 @@ fn watch(m: &Mgmt) -> (MovedObjects, Watch) {
 
 /// How often the window took each provider Lease of one cluster, from its Lease events in the
 /// order of its etcd revisions.
-fn holds_taken(leases: &Watch) -> Vec<(String, usize)> {
+pub fn holds_taken(leases: &Watch) -> Vec<(String, usize)> {
     let mut events = leases.events();
     events.sort_by_key(rv);
     PROVIDERS
@@ -184,7 +183,7 @@ fn in_moved(e: &Event, namespaces: &[&str]) -> bool {
 
 /// Every create of `kind` (`ADDED`, `DELETED`) in `namespaces` before the cluster's stop ended
 /// fell inside it, and there was one.
-fn inside_the_stop(
+pub fn inside_the_stop(
     m: &Mgmt,
     objects: &MovedObjects,
     leases: &Watch,
@@ -343,95 +342,6 @@ pub fn killed_between_and_inside_then_finished(
         "{created} creates in the target and {deleted} deletes in the source, all inside each cluster's one stop"
     );
     log
-}
-
-/// The target backed up whole (`-A --to-directory`), lost, and restored whole into the other
-/// cluster (`-A --from-directory`), each under one stop of its cluster.
-pub fn backed_up_lost_and_restored(
-    rig: &Rig,
-    from: Mgmt,
-    into: &Mgmt,
-    dir: &Path,
-    namespaces: &[&str],
-) {
-    let folder = dir.join("whole-backup");
-    std::fs::create_dir_all(&folder).expect("backup folder");
-    let to = folder.display().to_string();
-    let t = Instant::now();
-    let out = rig
-        .handoff(
-            &rig.clusterctl(),
-            &["--all-namespaces", "--to-directory", &to],
-        )
-        .arg("--kubeconfig")
-        .arg(&from.kubeconfig)
-        .output()
-        .expect("handoff move -A --to-directory");
-    let log = log_of(&out);
-    eprintln!(
-        "handoff move -A --to-directory ({:.1}s):\n{log}",
-        t.elapsed().as_secs_f64()
-    );
-    assert!(
-        out.status.success() && log.contains("handoff move: backup done"),
-        "{log}"
-    );
-    assert_eq!(
-        log.matches("MoveWindow backup-all-namespaces is Open")
-            .count(),
-        1,
-        "one stop:\n{log}"
-    );
-    for ns in namespaces {
-        let files: Vec<String> = std::fs::read_dir(folder.join(ns))
-            .unwrap_or_else(|e| panic!("the folder of {ns}: {e}"))
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(
-            files
-                .iter()
-                .any(|f| f.starts_with("Cluster_") || f.starts_with("ClusterClass_")),
-            "{ns}: {files:?}"
-        );
-    }
-    from.nothing_of_handoff_at_all();
-    // The management cluster is lost.
-    drop(from);
-
-    let (objects, leases) = watch(into);
-    let t = Instant::now();
-    let out = rig
-        .handoff(
-            &rig.clusterctl(),
-            &["--all-namespaces", "--from-directory", &to],
-        )
-        .arg("--to-kubeconfig")
-        .arg(&into.kubeconfig)
-        .output()
-        .expect("handoff move -A --from-directory");
-    let log = log_of(&out);
-    eprintln!(
-        "handoff move -A --from-directory ({:.1}s):\n{log}",
-        t.elapsed().as_secs_f64()
-    );
-    assert!(
-        out.status.success() && log.contains("handoff move: restore done"),
-        "{log}"
-    );
-    assert_eq!(
-        log.matches("MoveWindow restore is Open").count(),
-        1,
-        "one stop:\n{log}"
-    );
-    for ns in namespaces {
-        assert!(
-            log.contains(&format!("namespace {ns}: running")),
-            "{ns}:\n{log}"
-        );
-    }
-    inside_the_stop(into, &objects, &leases, "ADDED", namespaces);
-    assert!(has_site_identity(into));
-    into.nothing_of_handoff_at_all();
 }
 
 /// What the whole move leaves: the cluster-scoped object in both (clusterctl copies it and never
