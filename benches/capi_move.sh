@@ -13,7 +13,10 @@
 # restored into the second management cluster, plain first (`--from-directory`), each timed.
 # MODE=whole moves a whole management cluster instead, plain clusterctl namespace by namespace
 # against `handoff move -A` and one `handoff move` per namespace, RUNS (default 3) times each,
-# with nothing of handoff installed (benches/capi_whole.sh).
+# with nothing of handoff installed (benches/capi_whole.sh). MODE=paths moves one namespace back
+# and forth the two ways a single-namespace move could take, stop-first (`handoff move -n`) and
+# pause-first (`handoff move -A` on a source holding only that namespace), RUNS times each
+# (benches/capi_paths.sh).
 # Everything runs in a network namespace of its own and is stopped at the end (KEEP=1 keeps it).
 # Needs root, kubectl, python3 with PyYAML, iproute2, util-linux, xz-utils, openssl; cargo build
 # first (target/debug/handoff). Prints a summary line per figure; the full logs stay in $W.
@@ -46,7 +49,7 @@ wait $a && wait $b || { cat "$W"/up-*.log; exit 1; }
 SRC=$(cat "$W/src.kc") DST=$(cat "$W/dst.kc")
 say "two management clusters up"
 
-if [[ ${MODE:-move} != whole ]]; then
+if [[ ${MODE:-move} != whole && ${MODE:-move} != paths ]]; then
 cp -r "$HERE/manifests" "$W/manifests"
 "$H" certs --out "$W/manifests/overlays/local/certs" --ip 127.0.0.1 --dns localhost >/dev/null
 port=18443
@@ -107,6 +110,43 @@ requests() {
   head -15 "$2" | sed 's/^/  /'
 }
 
+# Whether Cluster NS/NAME is provisioned in $1: what clusterctl requires before a move and what
+# "managed again" means after one.
+provisioned() {
+  kubectl --kubeconfig "$1" get -n "${2%/*}" clusters.cluster.x-k8s.io "${2#*/}" -o json 2>/dev/null |
+    python3 -c '
+import json, sys
+c = json.load(sys.stdin); s = c.get("status", {}); i = s.get("initialization", {})
+ok = {x["type"]: x["status"] == "True" for x in s.get("conditions", [])}
+sys.exit(0 if not c["spec"].get("paused") and i.get("infrastructureProvisioned") and i.get("controlPlaneInitialized") and ok.get("Available") else 1)' &&
+    [[ $(kubectl --kubeconfig "$1" get -n "${2%/*}" machines.cluster.x-k8s.io -l "cluster.x-k8s.io/cluster-name=${2#*/}" \
+      -o jsonpath='{range .items[*]}{.status.nodeRef.name}{"\n"}{end}' | grep -c .) -ge 2 ]]
+}
+# Seconds until every Cluster of CLUSTERS (NS/NAME) is provisioned in $1. After a plain move, a
+# Cluster whose in-memory API server the target's CAPD set up while the source's CAPD still
+# served it (both run in one network namespace here) is never reached again until the target's
+# CAPD restarts: with $2 set, its pods are deleted once 120 s have passed, as a user would, and
+# it is said.
+until_provisioned() {
+  local t=$(now) c kicked=
+  for c in "${CLUSTERS[@]}"; do
+    until provisioned "$1" "$c"; do
+      local s=$(printf '%.0f' "$(since "$t")")
+      ((s < 900)) || { echo "$c not provisioned in $1" >&2; exit 1; }
+      if [[ -n ${2:-} && -z $kicked ]] && ((s >= 120)); then
+        kubectl --kubeconfig "$1" delete pod -n capd-system --all --wait=false >/dev/null
+        kicked=1
+        echo "[bench] $c not managed again after 120 s: the target's CAPD pod deleted" >&2
+      fi
+      sleep 1
+    done
+  done
+  since "$t"
+}
+if [[ ${MODE:-move} == paths ]]; then
+  # shellcheck source=benches/capi_paths.sh
+  source "$HERE/benches/capi_paths.sh"
+fi
 if [[ ${MODE:-move} == whole ]]; then
   # shellcheck source=benches/capi_whole.sh
   source "$HERE/benches/capi_whole.sh"

@@ -41,38 +41,6 @@ for t in team-a/a1 team-b/b1; do
   "$S/clusterclass.sh" topology "$SRC" "${t%/*}" "${t#*/}" classes quick >/dev/null
 done
 
-# Whether Cluster NS/NAME is provisioned in $1: what clusterctl requires before a move and what
-# "managed again" means after one.
-provisioned() {
-  kubectl --kubeconfig "$1" get -n "${2%/*}" clusters.cluster.x-k8s.io "${2#*/}" -o json 2>/dev/null |
-    python3 -c '
-import json, sys
-c = json.load(sys.stdin); s = c.get("status", {}); i = s.get("initialization", {})
-ok = {x["type"]: x["status"] == "True" for x in s.get("conditions", [])}
-sys.exit(0 if not c["spec"].get("paused") and i.get("infrastructureProvisioned") and i.get("controlPlaneInitialized") and ok.get("Available") else 1)' &&
-    [[ $(kubectl --kubeconfig "$1" get -n "${2%/*}" machines.cluster.x-k8s.io -l "cluster.x-k8s.io/cluster-name=${2#*/}" \
-      -o jsonpath='{range .items[*]}{.status.nodeRef.name}{"\n"}{end}' | grep -c .) -ge 2 ]]
-}
-# Seconds until every Cluster is provisioned in $1. After a plain move, a Cluster whose
-# in-memory API server the target's CAPD set up while the source's CAPD still served it (both
-# run in one network namespace here) is never reached again until the target's CAPD restarts:
-# with $2 set, its pods are deleted once 120 s have passed, as a user would, and it is said.
-until_provisioned() {
-  local t=$(now) c kicked=
-  for c in "${CLUSTERS[@]}"; do
-    until provisioned "$1" "$c"; do
-      local s=$(printf '%.0f' "$(since "$t")")
-      ((s < 900)) || { echo "$c not provisioned in $1" >&2; exit 1; }
-      if [[ -n ${2:-} && -z $kicked ]] && ((s >= 120)); then
-        kubectl --kubeconfig "$1" delete pod -n capd-system --all --wait=false >/dev/null
-        kicked=1
-        echo "[bench] $c not managed again after 120 s: the target's CAPD pod deleted" >&2
-      fi
-      sleep 1
-    done
-  done
-  since "$t"
-}
 # What kube-controller-manager's garbage collector would do for a topology Cluster, which
 # envtest does not run (tests/capi/classes.rs, collect_garbage): the topology controller's
 # `<cluster>-shim` Secret deleted and the references to it dropped, without which clusterctl
