@@ -3,40 +3,31 @@
 //!
 //! `clusterctl move --dry-run -v 1` logs every object it would create in the target, as
 //! `Creating Kind="name" Namespace="ns"` (`mover.go`, `createTargetObject`, which logs before it
-//! returns on a dry run), and every one it would delete from the source, as `Deleting …`
-//! (`deleteSourceObject`, which skips cluster-scoped objects, those below one, and the
-//! ClusterClasses Clusters of other namespaces still use). clusterctl's logger writes the
-//! message first and then each value quoted (`cmd/clusterctl/log/logger.go`, `flatten`).
+//! returns on a dry run). clusterctl's logger writes the message first and then each value
+//! quoted (`cmd/clusterctl/log/logger.go`, `flatten`). What it would delete (`Deleting …`) is
+//! not read: what it copies and keeps in the source is said from the listing (cluster-scoped
+//! objects) and from the ClusterClasses' users, and the rest it deletes as it copies.
 //! An object of a Cluster API kind that no root reaches is not moved at all: IPAM addresses and
 //! claims are the known case (cluster-api #9478).
 
 use std::collections::BTreeSet;
 
-/// What clusterctl's dry run of one namespace says it would do, as `Kind namespace/name` (a
-/// cluster-scoped object as `Kind name`).
+/// What clusterctl's dry run of one namespace says it would create in the target, as `Kind
+/// namespace/name` (a cluster-scoped object as `Kind name`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Would {
     pub create: BTreeSet<String>,
-    pub delete: BTreeSet<String>,
 }
 
-/// The `Creating` and `Deleting` lines of clusterctl's dry-run log; every other line is
-/// ignored (its progress, and the Namespaces it would create).
+/// The `Creating` lines of clusterctl's dry-run log; every other line is ignored (its progress,
+/// its `Deleting` lines, and the Namespaces it would create).
 pub fn parse(log: &str) -> Would {
-    let mut w = Would::default();
-    for line in log.lines() {
-        let (set, rest) = if let Some(rest) = line.strip_prefix("Creating ") {
-            (&mut w.create, rest)
-        } else if let Some(rest) = line.strip_prefix("Deleting ") {
-            (&mut w.delete, rest)
-        } else {
-            continue;
-        };
-        if let Some(key) = object(rest) {
-            set.insert(key);
-        }
-    }
-    w
+    let create = log
+        .lines()
+        .filter_map(|line| line.strip_prefix("Creating "))
+        .filter_map(object)
+        .collect();
+    Would { create }
 }
 
 /// `Kind="name" Namespace="ns"` (or without the namespace) as `Kind ns/name`; `None` for
@@ -110,7 +101,6 @@ Resuming the target cluster
                 "SiteIdentity site-1"
             ]
         );
-        assert_eq!(w.delete.len(), 3);
     }
 
     #[test]
