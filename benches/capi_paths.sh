@@ -12,17 +12,21 @@
 
 CLUSTERS=(one/c1)
 "$S/workload.sh" "$SRC" one c1 1 >"$W/workload-one.log" 2>&1 || { tail -n 5 "$W/workload-one.log"; exit 1; }
-say "provisioned in the source after $(until_provisioned "$SRC")s more: ${CLUSTERS[*]}"
+ready=$(until_provisioned "$SRC") || exit 1
+say "provisioned in the source after ${ready}s more: ${CLUSTERS[*]}"
 
 from=$SRC to=$DST
 for run in $(seq 1 "${RUNS:-3}"); do
-  for how in stop-first pause-first; do
+  # Each path goes each way: the order turns from run to run, as the direction does per move.
+  order=(stop-first pause-first)
+  ((run % 2 == 0)) && order=(pause-first stop-first)
+  for how in "${order[@]}"; do
     case $how in
     stop-first) handoff_move --kubeconfig "$from" --to-kubeconfig "$to" -n one ;;
     pause-first) handoff_move --kubeconfig "$from" --to-kubeconfig "$to" --all-namespaces ;;
     esac
     cat "$W/handoff-move.log" >>"$W/$how.log"
-    managed=$(until_provisioned "$to")
+    managed=$(until_provisioned "$to") || exit 1
     say "run $run, $how: moved in ${took}s; provisioned by the target ${managed}s later"
     grep -E "moved in|were stopped for|proven stopped in" "$W/handoff-move.log" | sed 's/^/  /'
     read -r from to <<<"$to $from"

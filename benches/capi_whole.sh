@@ -64,7 +64,8 @@ print(json.dumps({"metadata": {"ownerReferences": [r for r in o["metadata"].get(
 }
 for t in team-a/a1 team-b/b1; do collect_garbage "$SRC" "${t%/*}" "${t#*/}"; done
 wait $legacy || { tail -n 5 "$W/workload-legacy.log"; exit 1; }
-say "provisioned in the source after $(until_provisioned "$SRC")s more: ${CLUSTERS[*]}, ClusterClass classes/quick, SiteIdentity site-1"
+ready=$(until_provisioned "$SRC") || exit 1
+say "provisioned in the source after ${ready}s more: ${CLUSTERS[*]}, ClusterClass classes/quick, SiteIdentity site-1"
 
 # One way of moving everything from $2 to $3 ($1: plain, whole, each): its seconds into $took.
 move_all() {
@@ -104,7 +105,7 @@ from=$SRC to=$DST
 for run in $(seq 1 "${RUNS:-3}"); do
   for how in plain whole each; do
     move_all "$how" "$from" "$to"
-    managed=$(until_provisioned "$to" "$([[ $how == plain ]] && echo kick)")
+    managed=$(until_provisioned "$to" "$([[ $how == plain ]] && echo kick)") || exit 1
     say "run $run, $how: moved in ${took}s; every Cluster provisioned by the target ${managed}s later"
     left=$(kubectl --kubeconfig "$from" get clusters.cluster.x-k8s.io,clusterclasses.cluster.x-k8s.io -A -o name | wc -l)
     ((left == 0)) || { echo "$left Clusters or ClusterClasses left in the source" >&2; exit 1; }

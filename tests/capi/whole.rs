@@ -91,7 +91,7 @@ pub fn orphan_claim_left(src: &Mgmt, dst: &Mgmt, ns: &str) {
     assert!(names(dst, ns, plural).is_empty());
 }
 
-pub fn has_site_identity(m: &Mgmt) -> bool {
+fn has_site_identity(m: &Mgmt) -> bool {
     m.kubectl(&["get", "siteidentities.identity.handoff.test", "site-1"])
         .status
         .success()

@@ -5,8 +5,8 @@
 //! `Creating Kind="name" Namespace="ns"` (`mover.go`, `createTargetObject`, which logs before it
 //! returns on a dry run). clusterctl's logger writes the message first and then each value
 //! quoted (`cmd/clusterctl/log/logger.go`, `flatten`). What it would delete (`Deleting …`) is
-//! not read: what it copies and keeps in the source is said from the listing (cluster-scoped
-//! objects) and from the ClusterClasses' users, and the rest it deletes as it copies.
+//! not read: the cluster-scoped objects it copies and never deletes are named from handoff's
+//! own listing of the move hierarchy's roots (`mover/cluster_api.rs`, `move_hierarchy_roots`).
 //! An object of a Cluster API kind that no root reaches is not moved at all: IPAM addresses and
 //! claims are the known case (cluster-api #9478).
 
