@@ -50,7 +50,7 @@ fn clusterclass(rig: &Rig, m: &Mgmt, args: &[&str]) {
 
 /// Every Cluster and ClusterClass of `m` that is paused (`spec.paused` or the annotation), as
 /// `Kind namespace/name`.
-fn paused(m: &Mgmt) -> Vec<String> {
+pub fn paused(m: &Mgmt) -> Vec<String> {
     let mut out = Vec::new();
     for (kind, plural) in [
         ("Cluster", "clusters.cluster.x-k8s.io"),

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use crate::classes::paused;
 use crate::support;
 use crate::whole::{holds_taken, inside_the_stop, log_of, watch};
 use support::apiserver::eventually;
@@ -70,17 +71,6 @@ fn backup_steps(log: &str) -> Vec<String> {
         .collect()
 }
 
-fn paused_clusters(m: &Mgmt) -> Vec<String> {
-    let list = m.get(&["clusters.cluster.x-k8s.io", "-A"]);
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["spec"]["paused"] == true)
-        .map(|c| format!("{}/{}", c["metadata"]["namespace"], c["metadata"]["name"]))
-        .collect()
-}
-
 fn providers_lead_again(m: &Mgmt, after: &str) {
     eventually(
         &format!("{}: the providers lead again after {after}", m.name),
@@ -128,11 +118,7 @@ fn a_failing_backup(rig: &Rig, from: &Mgmt, failing: &Path, to: &str) {
         ],
         "{log}"
     );
-    assert!(
-        paused_clusters(from).is_empty(),
-        "{:?}",
-        paused_clusters(from)
-    );
+    assert!(paused(from).is_empty(), "{:?}", paused(from));
     from.nothing_of_handoff_at_all();
     providers_lead_again(from, "the failed backup");
 }
@@ -216,11 +202,7 @@ fn the_backup(rig: &Rig, from: &Mgmt, folder: &Path, namespaces: &[&str]) {
             );
         }
     }
-    assert!(
-        paused_clusters(from).is_empty(),
-        "{:?}",
-        paused_clusters(from)
-    );
+    assert!(paused(from).is_empty(), "{:?}", paused(from));
     from.nothing_of_handoff_at_all();
 }
 
